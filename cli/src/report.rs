@@ -1,0 +1,126 @@
+//! Rendering simulation results: a table for people, JSON (a stable contract) for scripts.
+
+use std::fmt::Write as _;
+
+use rebound_policy::{
+    ResolvedPolicy, Simulation, duration::format_approx, format_millis, spec::Strategy,
+};
+use serde_json::json;
+
+pub struct PolicyReport {
+    pub name: String,
+    pub namespace: String,
+    pub queues: Vec<String>,
+    pub params: ResolvedPolicy,
+    pub simulation: Simulation,
+}
+
+/// The JSON contract: `policies[].{name, retries[].{retry, min_ms, p50_ms, p99_ms, max_ms,
+/// mean_ms}, give_up_after_ms.{p50, p99, max}}`. Fields may be added, never renamed.
+pub fn json(reports: &[PolicyReport]) -> String {
+    let policies: Vec<_> = reports
+        .iter()
+        .map(|r| {
+            let s = &r.simulation;
+            json!({
+                "name": r.name,
+                "namespace": r.namespace,
+                "queues": r.queues,
+                "max_attempts": s.max_attempts,
+                "samples": s.samples,
+                "seed": s.seed,
+                "retries": s.retries,
+                "give_up_after_ms": s.give_up_after_ms,
+                "give_up_reasons": s.give_up_reasons,
+                "terminal": s.terminal.to_string(),
+                "resolved": r.params,
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&json!({ "policies": policies })).unwrap_or_default()
+}
+
+fn curve(p: &ResolvedPolicy) -> String {
+    let base = format_millis(p.base_ms);
+    let shape = match p.strategy {
+        Strategy::Exponential => format!("exponential {base} × {}", p.multiplier),
+        Strategy::Linear => format!("linear {base} × retry"),
+        Strategy::Constant => format!("constant {base}"),
+        Strategy::Decorrelated => format!("decorrelated from {base}"),
+        Strategy::Schedule => {
+            let list: Vec<_> = p.schedule_ms.iter().map(|&d| format_millis(d)).collect();
+            format!("schedule [{}]", list.join(", "))
+        }
+    };
+    let jitter = match p.strategy {
+        Strategy::Decorrelated => String::new(),
+        _ => format!(", {:?} jitter", p.jitter).to_lowercase(),
+    };
+    format!("{shape}, cap {}{jitter}", format_millis(p.cap_ms))
+}
+
+/// Rows longer than this are elided in the middle; the JSON always has every retry.
+const MAX_TABLE_ROWS: usize = 30;
+
+pub fn table(reports: &[PolicyReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        let s = &r.simulation;
+        let _ = writeln!(
+            out,
+            "RetryPolicy {}/{}  queues: {}\n  {}; max attempts {}{}",
+            r.namespace,
+            r.name,
+            r.queues.join(", "),
+            curve(&r.params),
+            s.max_attempts,
+            r.params
+                .max_retry_duration_ms
+                .map(|d| format!(", max retry duration {}", format_millis(d)))
+                .unwrap_or_default()
+        );
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+            "retry", "min", "p50", "p99", "max", "mean"
+        );
+        let rows = &s.retries;
+        let skip = rows.len().saturating_sub(MAX_TABLE_ROWS);
+        for (i, row) in rows.iter().enumerate() {
+            if skip > 0 && i == MAX_TABLE_ROWS / 2 {
+                let _ = writeln!(
+                    out,
+                    "  {:>6}  ({skip} more retries; see --output json)",
+                    "…"
+                );
+            }
+            if skip > 0 && i >= MAX_TABLE_ROWS / 2 && i < MAX_TABLE_ROWS / 2 + skip {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+                row.retry,
+                format_approx(row.min_ms),
+                format_approx(row.p50_ms),
+                format_approx(row.p99_ms),
+                format_approx(row.max_ms),
+                format_approx(row.mean_ms.round() as u64),
+            );
+        }
+        let g = s.give_up_after_ms;
+        let _ = writeln!(
+            out,
+            "  gives up after: p50 {}, p99 {}, max {} → {} ({} by max attempts, {} by deadline; {} jobs, seed {})\n",
+            format_approx(g.p50),
+            format_approx(g.p99),
+            format_approx(g.max),
+            s.terminal,
+            s.give_up_reasons.max_attempts,
+            s.give_up_reasons.deadline,
+            s.samples,
+            s.seed
+        );
+    }
+    out
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Stops the control plane started by dev/cluster-up.sh for STATE_DIR and removes STATE_DIR.
+#
+#   dev/cluster-down.sh [STATE_DIR] [--keep-state]
+#
+# Only the processes recorded in STATE_DIR (etcd.pid, kube-apiserver.pid) are stopped,
+# and only if they still run the binary they were started as. Waits until they exit.
+# --keep-state stops the processes but keeps certificates, data and logs.
+set -euo pipefail
+cp_script_name=cluster-down
+# shellcheck source=lib/controlplane.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
+
+keep=0
+dir=""
+for arg in "$@"; do
+  case "$arg" in
+    --keep-state) keep=1 ;;
+    -h | --help)
+      sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    -*) cp_die "unknown option '$arg'" ;;
+    *)
+      [[ -z "$dir" ]] || cp_die "usage: dev/cluster-down.sh [STATE_DIR] [--keep-state]"
+      dir="$arg"
+      ;;
+  esac
+done
+dir="${dir:-$cp_default_state_dir}"
+
+if [[ ! -d "$dir" ]]; then
+  cp_log "nothing to do: $dir does not exist"
+  exit 0
+fi
+state="$(cd "$dir" && pwd)"
+[[ "$state" != "/" && "$state" != "$cp_repo_root" ]] || cp_die "refusing to use '$state' as a state dir"
+cp_lock_state "$state"
+
+cp_stop_pid "$state/kube-apiserver.pid" kube-apiserver
+cp_stop_pid "$state/etcd.pid" etcd
+if ((keep)); then
+  rm -f "$state/kubeconfig"
+  cp_log "stopped; state kept in $state"
+else
+  # Only remove what cluster-up.sh creates, so a mistyped path cannot wipe anything else.
+  rm -rf "$state/etcd-data" "$state/pki" "$state/logs" "$state/env" "$state/kubeconfig"
+  rm -f "$state"/*.kubeconfig "$state/.lock"
+  rmdir "$state" 2>/dev/null || cp_log "left $state in place: it holds files cluster-up.sh did not create"
+  cp_log "stopped and removed $state"
+fi

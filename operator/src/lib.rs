@@ -1,0 +1,1 @@
+//! Rebound operator (placeholder until the operator lands).

@@ -1,0 +1,303 @@
+//! The compiled-policy document: every valid policy of a namespace, fully resolved, in one
+//! versioned JSON document. The operator writes it into a ConfigMap; the sidecar reads it
+//! back with [`CompiledDocument::from_json`] and looks queues up in a [`PolicyTable`].
+//! See `docs/compiled-format.md`.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    decide::Policy,
+    pattern::{self, Specificity},
+    resolve::{FieldError, ResolvedPolicy, resolve},
+    spec::RetryPolicySpec,
+};
+
+/// The format identifier; bumped on any incompatible change.
+pub const FORMAT: &str = "rebound.dev/compiled-policies/v1";
+/// The ConfigMap key that holds the document.
+pub const CONFIGMAP_KEY: &str = "policies.json";
+/// Largest document the operator writes: a ConfigMap holds at most 1 MiB in total, and
+/// the margin leaves room for metadata and managed fields.
+pub const MAX_DOCUMENT_BYTES: usize = 900 * 1024;
+
+/// One namespace's compiled policies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompiledDocument {
+    pub format: String,
+    pub namespace: String,
+    /// `sha256:<hex>` over the JSON encoding of `policies`; lets anyone check convergence.
+    pub hash: String,
+    /// In precedence order: on equal pattern specificity the earlier policy wins.
+    pub policies: Vec<CompiledPolicy>,
+}
+
+/// One policy as the sidecar needs it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompiledPolicy {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub generation: i64,
+    /// The patterns this policy serves, after conflicts were resolved.
+    pub queues: Vec<String>,
+    pub params: ResolvedPolicy,
+}
+
+impl CompiledPolicy {
+    /// The identity that seeds deterministic jitter: `namespace/name`.
+    pub fn identity(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A compiled document that cannot be used; the sidecar keeps its last good one.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("not a compiled policy document: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("unsupported format {found:?} (this build reads {FORMAT:?})")]
+    Format { found: String },
+    #[error("hash mismatch: document says {stated}, content hashes to {actual}")]
+    Hash { stated: String, actual: String },
+    #[error("policy {policy}: {error}")]
+    Policy { policy: String, error: FieldError },
+}
+
+impl CompiledDocument {
+    /// Builds a document and stamps its hash.
+    pub fn new(namespace: impl Into<String>, policies: Vec<CompiledPolicy>) -> Self {
+        let hash = content_hash(&policies);
+        Self {
+            format: FORMAT.to_owned(),
+            namespace: namespace.into(),
+            hash,
+            policies,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses and fully checks a document from outside the process: format, hash and every
+    /// policy's invariants. Any failure rejects the whole document.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, DocumentError> {
+        let doc: CompiledDocument = serde_json::from_slice(bytes)?;
+        if doc.format != FORMAT {
+            return Err(DocumentError::Format { found: doc.format });
+        }
+        let actual = content_hash(&doc.policies);
+        if actual != doc.hash {
+            return Err(DocumentError::Hash {
+                stated: doc.hash,
+                actual,
+            });
+        }
+        for p in &doc.policies {
+            let fail = |field: &str, message: String| DocumentError::Policy {
+                policy: p.identity(),
+                error: FieldError {
+                    field: field.to_owned(),
+                    message,
+                },
+            };
+            p.params.check().map_err(|error| DocumentError::Policy {
+                policy: p.identity(),
+                error,
+            })?;
+            for (i, q) in p.queues.iter().enumerate() {
+                pattern::check_pattern(q)
+                    .map_err(|e| fail(&format!("queues[{i}]"), e.to_string()))?;
+            }
+        }
+        Ok(doc)
+    }
+}
+
+fn content_hash(policies: &[CompiledPolicy]) -> String {
+    let bytes = serde_json::to_vec(policies).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    let mut hex = String::with_capacity(7 + 64);
+    hex.push_str("sha256:");
+    for b in digest {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
+
+/// A policy as the compiler receives it from the API (or a file).
+#[derive(Clone, Debug)]
+pub struct PolicySource {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub generation: i64,
+    /// Creation time as Unix seconds; older wins ties. `None` sorts last.
+    pub created: Option<i64>,
+    pub spec: RetryPolicySpec,
+}
+
+/// What compiling did to one policy.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyOutcome {
+    /// In the document, serving these patterns (all of its queues unless `lost` is non-empty).
+    Compiled {
+        serving: Vec<String>,
+        lost: Vec<LostQueue>,
+    },
+    /// Left out: the spec fails validation.
+    Invalid(Vec<FieldError>),
+}
+
+/// A queue pattern that another policy won.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostQueue {
+    pub pattern: String,
+    /// Name of the winning policy.
+    pub winner: String,
+}
+
+/// The result of compiling a namespace.
+#[derive(Clone, Debug)]
+pub struct Compilation {
+    pub document: CompiledDocument,
+    /// One per input policy, keyed by name.
+    pub outcomes: Vec<(String, PolicyOutcome)>,
+}
+
+impl Compilation {
+    pub fn outcome(&self, name: &str) -> Option<&PolicyOutcome> {
+        self.outcomes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, o)| o)
+    }
+}
+
+/// Compiles the policies of one namespace: validates each, orders them by precedence (older
+/// first, then name), gives each pattern to the first policy that declares it, and builds
+/// the document. Pure and deterministic: the same inputs always give the same hash.
+pub fn compile(namespace: &str, mut sources: Vec<PolicySource>) -> Compilation {
+    sources.sort_by(|a, b| pattern::precedence(("", a.created, &a.name), ("", b.created, &b.name)));
+    let mut owner: HashMap<String, String> = HashMap::new();
+    let mut policies = Vec::new();
+    let mut outcomes = Vec::new();
+    for source in sources {
+        let params = match resolve(&source.spec) {
+            Ok(params) => params,
+            Err(errors) => {
+                outcomes.push((source.name, PolicyOutcome::Invalid(errors)));
+                continue;
+            }
+        };
+        let mut serving = Vec::new();
+        let mut lost = Vec::new();
+        for pattern in &source.spec.queues {
+            match owner.get(pattern) {
+                Some(winner) => lost.push(LostQueue {
+                    pattern: pattern.clone(),
+                    winner: winner.clone(),
+                }),
+                None => {
+                    owner.insert(pattern.clone(), source.name.clone());
+                    serving.push(pattern.clone());
+                }
+            }
+        }
+        policies.push(CompiledPolicy {
+            name: source.name.clone(),
+            namespace: source.namespace,
+            uid: source.uid,
+            generation: source.generation,
+            queues: serving.clone(),
+            params,
+        });
+        outcomes.push((source.name, PolicyOutcome::Compiled { serving, lost }));
+    }
+    Compilation {
+        document: CompiledDocument::new(namespace, policies),
+        outcomes,
+    }
+}
+
+/// A compiled policy ready to answer, with what the sidecar reports about it.
+#[derive(Debug)]
+pub struct TableEntry {
+    pub policy: Policy,
+    pub name: String,
+    pub namespace: String,
+    pub generation: i64,
+}
+
+/// Queue → policy lookup over one compiled document.
+#[derive(Debug)]
+pub struct PolicyTable {
+    hash: String,
+    entries: Vec<TableEntry>,
+    exact: HashMap<String, usize>,
+    /// (pattern, entry) sorted by specificity, most specific first; stable on entry order.
+    globs: Vec<(String, usize)>,
+}
+
+impl PolicyTable {
+    pub fn new(doc: &CompiledDocument) -> Self {
+        let mut exact = HashMap::new();
+        let mut globs = Vec::new();
+        let mut entries = Vec::with_capacity(doc.policies.len());
+        for (index, p) in doc.policies.iter().enumerate() {
+            for q in &p.queues {
+                if q.contains('*') {
+                    globs.push((q.clone(), index));
+                } else {
+                    exact.entry(q.clone()).or_insert(index);
+                }
+            }
+            entries.push(TableEntry {
+                policy: Policy::new(p.identity(), p.params.clone()),
+                name: p.name.clone(),
+                namespace: p.namespace.clone(),
+                generation: p.generation,
+            });
+        }
+        globs.sort_by(|(a, ai), (b, bi)| {
+            Specificity::of(b).cmp(&Specificity::of(a)).then(ai.cmp(bi))
+        });
+        Self {
+            hash: doc.hash.clone(),
+            entries,
+            exact,
+            globs,
+        }
+    }
+
+    /// The policy that governs `queue`: an exact name first, then the most specific glob.
+    pub fn lookup(&self, queue: &str) -> Option<&TableEntry> {
+        let index = self.exact.get(queue).copied().or_else(|| {
+            self.globs
+                .iter()
+                .find(|(pattern, _)| pattern::matches(pattern, queue))
+                .map(|(_, i)| *i)
+        })?;
+        self.entries.get(index)
+    }
+
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}

@@ -1,0 +1,319 @@
+//! The decision function: "attempt N of this job just failed — retry after how long, or
+//! give up?". Every component of Rebound answers with this function and nothing else.
+//!
+//! It is total: any attempt number (0 is treated as 1), any context, any policy that passed
+//! [`ResolvedPolicy::check`] gives an answer without panicking or overflowing. Delay
+//! arithmetic is done in `f64` and saturates at the cap.
+
+use std::cell::Cell;
+
+use crate::{
+    pattern,
+    resolve::{Disposition, ResolvedPolicy},
+    spec::{JitterKind, Strategy},
+};
+
+/// A resolved policy bound to its identity, which seeds deterministic jitter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    identity: String,
+    identity_seed: u64,
+    params: ResolvedPolicy,
+}
+
+impl Policy {
+    /// `identity` names the policy stably across processes, e.g. `namespace/name`.
+    pub fn new(identity: impl Into<String>, params: ResolvedPolicy) -> Self {
+        let identity = identity.into();
+        Self {
+            identity_seed: hash_bytes(identity.as_bytes()),
+            identity,
+            params,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn params(&self) -> &ResolvedPolicy {
+        &self.params
+    }
+}
+
+/// What the caller knows about the failure. Everything is optional.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Context<'a> {
+    /// Seeds the jitter so the same question always gets the same answer.
+    pub job_id: Option<&'a str>,
+    /// Matched against the policy's non-retryable error classes.
+    pub error_class: Option<&'a str>,
+    /// When the job first failed, in milliseconds since the Unix epoch.
+    pub first_failure_ms: Option<u64>,
+    /// The current time, in milliseconds since the Unix epoch.
+    pub now_ms: Option<u64>,
+    /// A server's pushback (e.g. HTTP `Retry-After`): the delay is at least this, up to the cap.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Why the policy gave up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GiveUpReason {
+    /// The attempt that failed was the last one allowed.
+    MaxAttempts { max_attempts: u32 },
+    /// The next run would start after `maxRetryDuration` from the first failure.
+    Deadline {
+        max_retry_duration_ms: u64,
+        next_start_after_ms: u64,
+    },
+    /// The error class matched a non-retryable pattern.
+    NonRetryable {
+        error_class: String,
+        pattern: String,
+    },
+}
+
+impl GiveUpReason {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GiveUpReason::MaxAttempts { .. } => "MaxAttempts",
+            GiveUpReason::Deadline { .. } => "Deadline",
+            GiveUpReason::NonRetryable { .. } => "NonRetryable",
+        }
+    }
+}
+
+impl std::fmt::Display for GiveUpReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::duration::format_millis as d;
+        match self {
+            GiveUpReason::MaxAttempts { max_attempts } => {
+                write!(
+                    f,
+                    "attempt {max_attempts} of {max_attempts} failed (maxAttempts)"
+                )
+            }
+            GiveUpReason::Deadline {
+                max_retry_duration_ms,
+                next_start_after_ms,
+            } => write!(
+                f,
+                "the next run would start {} after the first failure, past maxRetryDuration {}",
+                d(*next_start_after_ms),
+                d(*max_retry_duration_ms)
+            ),
+            GiveUpReason::NonRetryable {
+                error_class,
+                pattern,
+            } => write!(
+                f,
+                "error class {error_class:?} is non-retryable (matches {pattern:?})"
+            ),
+        }
+    }
+}
+
+/// The answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Retry {
+        delay_ms: u64,
+    },
+    GiveUp {
+        disposition: Disposition,
+        reason: GiveUpReason,
+    },
+}
+
+/// Decides what happens after `attempt` (1-based: the run that just failed) failed.
+pub fn decide(policy: &Policy, attempt: u32, ctx: &Context<'_>) -> Decision {
+    decide_with(
+        policy,
+        attempt,
+        ctx,
+        &Draws::new(policy, ctx.job_id),
+        &mut Replay::default(),
+    )
+}
+
+/// [`decide`] with explicit random draws and a replay memo, for callers that walk a whole
+/// schedule (simulation) and would otherwise replay decorrelated jitter from retry 1 each time.
+pub fn decide_with(
+    policy: &Policy,
+    attempt: u32,
+    ctx: &Context<'_>,
+    draws: &Draws,
+    replay: &mut Replay,
+) -> Decision {
+    let p = &policy.params;
+    let attempt = attempt.max(1);
+    let give_up = |reason| Decision::GiveUp {
+        disposition: p.terminal.clone(),
+        reason,
+    };
+
+    if let Some(class) = ctx.error_class
+        && let Some(pattern) = p
+            .non_retryable_errors
+            .iter()
+            .find(|pattern| pattern::matches(pattern, class))
+    {
+        return give_up(GiveUpReason::NonRetryable {
+            error_class: class.to_owned(),
+            pattern: pattern.clone(),
+        });
+    }
+    if attempt >= p.max_attempts {
+        return give_up(GiveUpReason::MaxAttempts {
+            max_attempts: p.max_attempts,
+        });
+    }
+
+    let mut delay_ms = delay_for_retry(p, attempt, draws, replay);
+    if let Some(pushback) = ctx.retry_after_ms {
+        delay_ms = delay_ms.max(pushback.min(p.cap_ms));
+    }
+
+    if let Some(limit) = p.max_retry_duration_ms {
+        let elapsed = match (ctx.first_failure_ms, ctx.now_ms) {
+            (Some(first), Some(now)) => now.saturating_sub(first),
+            _ => 0,
+        };
+        let next_start = elapsed.saturating_add(delay_ms);
+        if next_start > limit {
+            return give_up(GiveUpReason::Deadline {
+                max_retry_duration_ms: limit,
+                next_start_after_ms: next_start,
+            });
+        }
+    }
+    Decision::Retry { delay_ms }
+}
+
+/// The jittered delay before retry `k` (which follows attempt `k`), in milliseconds.
+/// Never above the cap.
+pub fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Replay) -> u64 {
+    let k = k.max(1);
+    let cap = p.cap_ms as f64;
+    let base = p.base_ms as f64;
+    let capped = match p.strategy {
+        Strategy::Exponential => exponential(base, p.multiplier, k).min(cap),
+        Strategy::Linear => (base * f64::from(k)).min(cap),
+        Strategy::Constant => base.min(cap),
+        Strategy::Schedule => {
+            let index = (k as usize - 1).min(p.schedule_ms.len().saturating_sub(1));
+            (p.schedule_ms.get(index).copied().unwrap_or(p.base_ms) as f64).min(cap)
+        }
+        Strategy::Decorrelated => return replay.decorrelated(base, cap, k, draws) as u64,
+    };
+    let jittered = match p.jitter {
+        JitterKind::None => capped,
+        JitterKind::Full => capped * draws.unit(k),
+        JitterKind::Equal => capped / 2.0 + capped / 2.0 * draws.unit(k),
+        JitterKind::Proportional => {
+            capped * (1.0 - p.jitter_ratio + 2.0 * p.jitter_ratio * draws.unit(k))
+        }
+    };
+    // f64 -> u64 casts saturate and map NaN to 0, so this cannot overflow.
+    jittered.clamp(0.0, cap) as u64
+}
+
+/// `base × multiplier^(k−1)`; past ~1100 doublings this is +inf, which `min(cap)` absorbs.
+fn exponential(base: f64, multiplier: f64, k: u32) -> f64 {
+    let exponent = i32::try_from(k.saturating_sub(1)).unwrap_or(i32::MAX);
+    base * multiplier.powi(exponent)
+}
+
+/// Where a replay of decorrelated jitter stopped, so a caller walking retries 1, 2, 3…
+/// takes one step per retry instead of replaying from the start.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Replay {
+    retry: u32,
+    previous: f64,
+}
+
+impl Replay {
+    /// Brooker's decorrelated jitter, replayed from retry 1 so no state is stored:
+    /// `d₀ = base`, `dᵢ = min(cap, uniform(base, 3·dᵢ₋₁))`.
+    fn decorrelated(&mut self, base: f64, cap: f64, k: u32, draws: &Draws) -> f64 {
+        if self.retry == 0 || self.retry > k {
+            *self = Replay {
+                retry: 0,
+                previous: base,
+            };
+        }
+        while self.retry < k {
+            self.retry += 1;
+            let high = 3.0 * self.previous;
+            self.previous = (base + (high - base) * draws.unit(self.retry)).min(cap);
+        }
+        self.previous
+    }
+}
+
+/// The random numbers behind one decision: a stream indexed by retry number, seeded by
+/// (job id, policy identity) — or randomly when there is no job id.
+///
+/// SplitMix64 over a 64-bit FNV-1a hash: tiny, fast and easy to reimplement bit-for-bit in
+/// an adapter's local fallback.
+pub struct Draws {
+    seed: u64,
+}
+
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Draws {
+    pub fn new(policy: &Policy, job_id: Option<&str>) -> Self {
+        let seed = match job_id {
+            Some(id) => mix64(hash_bytes(id.as_bytes()) ^ policy.identity_seed),
+            None => thread_random_u64(),
+        };
+        Self { seed }
+    }
+
+    /// Draws from an explicit seed (simulation).
+    pub fn from_seed(seed: u64) -> Self {
+        Self { seed }
+    }
+
+    /// A uniform number in `[0, 1)` for retry `i`.
+    pub fn unit(&self, i: u32) -> f64 {
+        let bits = mix64(
+            self.seed
+                .wrapping_add(u64::from(i).wrapping_mul(GOLDEN_GAMMA)),
+        );
+        (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// The SplitMix64 finaliser.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(GOLDEN_GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// 64-bit FNV-1a; stable across platforms and releases (unlike `DefaultHasher`).
+pub fn hash_bytes(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+thread_local! {
+    static THREAD_RNG_STATE: Cell<u64> = Cell::new(rand::random());
+}
+
+/// A fresh random `u64` from a per-thread SplitMix64 stream seeded once from the OS.
+fn thread_random_u64() -> u64 {
+    THREAD_RNG_STATE.with(|state| {
+        let next = state.get().wrapping_add(GOLDEN_GAMMA);
+        state.set(next);
+        mix64(next)
+    })
+}

@@ -1,0 +1,109 @@
+//! Reading RetryPolicy manifests from YAML, as `kubectl apply -f` would: multi-document
+//! files, other kinds skipped, every problem reported with the field that has it.
+
+use serde_json::Value;
+
+use crate::{
+    resolve::{FieldError, ResolvedPolicy, resolve},
+    spec::RetryPolicy,
+};
+
+pub const API_VERSION: &str = "rebound.dev/v1alpha1";
+pub const KIND: &str = "RetryPolicy";
+
+/// A YAML file that could not be read as YAML at all.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct YamlError(String);
+
+/// One RetryPolicy document of a file.
+#[derive(Debug)]
+pub struct ManifestDocument {
+    /// 1-based position among the file's documents.
+    pub index: usize,
+    /// `metadata.name` when it could be read.
+    pub name: Option<String>,
+    pub result: Result<(RetryPolicy, ResolvedPolicy), Vec<FieldError>>,
+}
+
+/// Reads every RetryPolicy in a multi-document YAML text. Documents of other kinds and
+/// empty documents are skipped.
+pub fn parse_manifests(text: &str) -> Result<Vec<ManifestDocument>, YamlError> {
+    let values: Vec<Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| YamlError(e.to_string()))?;
+    Ok(values
+        .into_iter()
+        .enumerate()
+        .filter(|(_, v)| is_retry_policy(v))
+        .map(|(i, v)| ManifestDocument {
+            index: i + 1,
+            name: v
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            result: check_document(v),
+        })
+        .collect())
+}
+
+fn is_retry_policy(v: &Value) -> bool {
+    v.get("kind").and_then(Value::as_str) == Some(KIND)
+}
+
+fn field_error(field: impl Into<String>, message: impl Into<String>) -> Vec<FieldError> {
+    vec![FieldError {
+        field: field.into(),
+        message: message.into(),
+    }]
+}
+
+fn check_document(v: Value) -> Result<(RetryPolicy, ResolvedPolicy), Vec<FieldError>> {
+    let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    if api_version != API_VERSION {
+        return Err(field_error(
+            "apiVersion",
+            format!("must be {API_VERSION}, got {api_version:?}"),
+        ));
+    }
+    let policy: RetryPolicy = serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        field_error(field, e.into_inner().to_string())
+    })?;
+    let resolved = validate(&policy)?;
+    Ok((policy, resolved))
+}
+
+/// Validates a whole object: its name and its spec.
+pub fn validate(policy: &RetryPolicy) -> Result<ResolvedPolicy, Vec<FieldError>> {
+    let name = policy.metadata.name.as_deref().unwrap_or("");
+    let mut errors = Vec::new();
+    if !is_dns_subdomain(name) {
+        errors.extend(field_error(
+            "metadata.name",
+            format!("must be a lowercase DNS subdomain of at most 253 characters, got {name:?}"),
+        ));
+    }
+    match resolve(&policy.spec) {
+        Ok(resolved) if errors.is_empty() => Ok(resolved),
+        Ok(_) => Err(errors),
+        Err(spec_errors) => {
+            errors.extend(spec_errors);
+            Err(errors)
+        }
+    }
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}

@@ -1,0 +1,185 @@
+//! Queue and error-class patterns: exact names or `*` globs.
+//!
+//! One matcher serves queue routing and non-retryable error classes, and one ordering
+//! (`Specificity`) decides which of several matching patterns wins, so the operator's
+//! conflict report and the sidecar's lookup can never disagree.
+
+use std::cmp::Ordering;
+
+/// The regular expression the CRD schema uses for queue names, patterns and error classes.
+pub const NAME_PATTERN: &str = r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$";
+/// Longest accepted queue name, pattern or error class.
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Why a name or pattern was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at most {MAX_NAME_LEN} characters")]
+    TooLong,
+    #[error(
+        "must start with a letter, digit or '*' and use only letters, digits, '.', '_', ':', '/', '@', '-' and '*'"
+    )]
+    BadCharacter,
+    #[error("must be a plain name without '*'")]
+    WildcardNotAllowed,
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'@' | b'-' | b'*')
+}
+
+/// Checks a pattern (globs allowed) against the grammar the CRD enforces.
+pub fn check_pattern(text: &str) -> Result<(), PatternError> {
+    let bytes = text.as_bytes();
+    let Some(&first) = bytes.first() else {
+        return Err(PatternError::Empty);
+    };
+    if bytes.len() > MAX_NAME_LEN {
+        return Err(PatternError::TooLong);
+    }
+    if !(first.is_ascii_alphanumeric() || first == b'*') || !bytes.iter().all(|&b| is_name_byte(b))
+    {
+        return Err(PatternError::BadCharacter);
+    }
+    Ok(())
+}
+
+/// Checks a plain name (no globs), e.g. a dead-letter queue.
+pub fn check_name(text: &str) -> Result<(), PatternError> {
+    check_pattern(text)?;
+    if text.contains('*') {
+        return Err(PatternError::WildcardNotAllowed);
+    }
+    Ok(())
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of characters (also none).
+/// Iterative with one backtrack point: linear in practice, never recursive.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == n[ni] {
+            pi += 1;
+            ni += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+/// How specific a pattern is; greater is more specific.
+/// An exact name beats any glob; among globs a longer literal prefix wins, then more
+/// literal characters overall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Specificity {
+    exact: bool,
+    literal_prefix: usize,
+    literal_chars: usize,
+}
+
+impl Specificity {
+    pub fn of(pattern: &str) -> Self {
+        let literal_prefix = pattern.find('*').unwrap_or(pattern.len());
+        Self {
+            exact: literal_prefix == pattern.len(),
+            literal_prefix,
+            literal_chars: pattern.bytes().filter(|&b| b != b'*').count(),
+        }
+    }
+}
+
+/// Orders two claims on a queue: the more specific pattern first, then the older policy,
+/// then the policy name. `Ordering::Less` means `a` wins.
+pub fn precedence(a: (&str, Option<i64>, &str), b: (&str, Option<i64>, &str)) -> Ordering {
+    let (a_pattern, a_created, a_name) = a;
+    let (b_pattern, b_created, b_name) = b;
+    Specificity::of(b_pattern)
+        .cmp(&Specificity::of(a_pattern))
+        .then_with(|| created_order(a_created, b_created))
+        .then_with(|| a_name.cmp(b_name))
+}
+
+/// Older first; a policy without a creation time (not yet stored) sorts after stored ones.
+fn created_order(a: Option<i64>, b: Option<i64>) -> Ordering {
+    match (a, b) {
+        (Some(a), Some(b)) => a.cmp(&b),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn glob_matching() {
+        assert!(matches("webhooks", "webhooks"));
+        assert!(!matches("webhooks", "webhook"));
+        assert!(matches("*", ""));
+        assert!(matches("*", "anything"));
+        assert!(matches("web*", "webhooks"));
+        assert!(matches("*hooks", "webhooks"));
+        assert!(matches("w*h*s", "webhooks"));
+        assert!(!matches("w*x*s", "webhooks"));
+        assert!(matches("a*b*c", "aXbYbZc"));
+        assert!(!matches("a*b", "aXbYc"));
+        assert!(matches("**", "x"));
+    }
+
+    #[test]
+    fn grammar() {
+        assert_eq!(check_pattern(""), Err(PatternError::Empty));
+        assert_eq!(check_pattern("web hooks"), Err(PatternError::BadCharacter));
+        assert_eq!(check_pattern("-x"), Err(PatternError::BadCharacter));
+        assert_eq!(check_pattern("q?"), Err(PatternError::BadCharacter));
+        assert_eq!(check_pattern(&"a".repeat(254)), Err(PatternError::TooLong));
+        assert_eq!(check_pattern("emails:high/priority@eu-1.*"), Ok(()));
+        assert_eq!(check_name("dlq.*"), Err(PatternError::WildcardNotAllowed));
+    }
+
+    #[test]
+    fn specificity_orders_exact_then_prefix() {
+        let by = |a: &str, b: &str| precedence((a, Some(0), "a"), (b, Some(0), "b"));
+        assert_eq!(by("emails", "email*"), Ordering::Less);
+        assert_eq!(by("email*", "e*"), Ordering::Less);
+        assert_eq!(by("*", "e*"), Ordering::Greater);
+        // Same pattern: older policy wins, then name.
+        assert_eq!(
+            precedence(("q", Some(5), "z"), ("q", Some(9), "a")),
+            Ordering::Less
+        );
+        assert_eq!(
+            precedence(("q", Some(5), "a"), ("q", Some(5), "b")),
+            Ordering::Less
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn literal_pattern_matches_only_itself(a in "[a-z.]{0,12}", b in "[a-z.]{0,12}") {
+            prop_assert_eq!(matches(&a, &b), a == b);
+        }
+
+        #[test]
+        fn star_splits_match_any_infix(prefix in "[a-z]{0,6}", mid in "[a-z]{0,6}", suffix in "[a-z]{0,6}") {
+            let pattern = format!("{prefix}*{suffix}");
+            let name = format!("{prefix}{mid}{suffix}");
+            prop_assert!(matches(&pattern, &name));
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Schedule statistics: what a policy does to many jobs that keep failing, computed by
+//! running the decision function itself (never a second model of it).
+
+use serde::Serialize;
+
+use crate::{
+    decide::{Context, Decision, Draws, GiveUpReason, Policy, Replay, decide_with, mix64},
+    resolve::Disposition,
+};
+
+/// Upper bound on stored delays (retries × samples) so a 10,000-attempt policy cannot
+/// exhaust memory; samples are reduced to fit and the result says how many were used.
+const MAX_STORED_DELAYS: usize = 4_000_000;
+
+/// Percentiles of one quantity, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Spread {
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+/// Statistics of the delay before one retry.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RetryStats {
+    pub retry: u32,
+    pub min_ms: u64,
+    pub p50_ms: u64,
+    pub p99_ms: u64,
+    pub max_ms: u64,
+    pub mean_ms: f64,
+    /// How many of the simulated jobs got this retry (the rest had given up).
+    pub jobs: u32,
+}
+
+/// How often each give-up reason ended a simulated job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GiveUpCounts {
+    pub max_attempts: u32,
+    pub deadline: u32,
+}
+
+/// The result of simulating a policy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Simulation {
+    pub samples: u32,
+    pub seed: u64,
+    pub max_attempts: u32,
+    /// Empty unless retries were requested.
+    pub retries: Vec<RetryStats>,
+    /// Time from the first failure to the decision to give up, assuming runs take no time.
+    pub give_up_after_ms: Spread,
+    pub give_up_reasons: GiveUpCounts,
+    pub terminal: Disposition,
+}
+
+/// Simulates `samples` jobs that fail every run, each with its own deterministic draws
+/// derived from `seed`. With `per_retry`, also collects statistics for every retry.
+pub fn simulate(policy: &Policy, samples: u32, seed: u64, per_retry: bool) -> Simulation {
+    let params = policy.params();
+    let retries = params.max_attempts.saturating_sub(1) as usize;
+    let mut samples = samples.max(1);
+    if per_retry && retries > 0 {
+        let fit = (MAX_STORED_DELAYS / retries).max(1);
+        samples = samples.min(u32::try_from(fit).unwrap_or(u32::MAX));
+    }
+    let mut delays: Vec<Vec<u64>> = if per_retry {
+        vec![Vec::with_capacity(samples as usize); retries]
+    } else {
+        Vec::new()
+    };
+    let mut give_up_after = Vec::with_capacity(samples as usize);
+    let mut reasons = GiveUpCounts::default();
+
+    for sample in 0..samples {
+        let draws = Draws::from_seed(mix64(
+            seed ^ u64::from(sample).wrapping_mul(0xA24B_AED4_963E_E407),
+        ));
+        let mut replay = Replay::default();
+        let mut elapsed: u64 = 0;
+        let mut attempt: u32 = 1;
+        loop {
+            let ctx = Context {
+                first_failure_ms: Some(0),
+                now_ms: Some(elapsed),
+                ..Context::default()
+            };
+            match decide_with(policy, attempt, &ctx, &draws, &mut replay) {
+                Decision::Retry { delay_ms } => {
+                    if let Some(slot) = delays.get_mut(attempt as usize - 1) {
+                        slot.push(delay_ms);
+                    }
+                    elapsed = elapsed.saturating_add(delay_ms);
+                    attempt += 1;
+                }
+                Decision::GiveUp { reason, .. } => {
+                    match reason {
+                        GiveUpReason::Deadline { .. } => reasons.deadline += 1,
+                        _ => reasons.max_attempts += 1,
+                    }
+                    break;
+                }
+            }
+        }
+        give_up_after.push(elapsed);
+    }
+
+    let retries = delays
+        .into_iter()
+        .enumerate()
+        .take_while(|(_, d)| !d.is_empty())
+        .map(|(i, mut d)| {
+            d.sort_unstable();
+            let sum: u128 = d.iter().map(|&x| u128::from(x)).sum();
+            RetryStats {
+                retry: i as u32 + 1,
+                min_ms: d[0],
+                p50_ms: quantile(&d, 0.50),
+                p99_ms: quantile(&d, 0.99),
+                max_ms: d[d.len() - 1],
+                mean_ms: sum as f64 / d.len() as f64,
+                jobs: d.len() as u32,
+            }
+        })
+        .collect();
+    give_up_after.sort_unstable();
+    Simulation {
+        samples,
+        seed,
+        max_attempts: params.max_attempts,
+        retries,
+        give_up_after_ms: Spread {
+            p50: quantile(&give_up_after, 0.50),
+            p99: quantile(&give_up_after, 0.99),
+            max: give_up_after.last().copied().unwrap_or(0),
+        },
+        give_up_reasons: reasons,
+        terminal: params.terminal.clone(),
+    }
+}
+
+/// Nearest-rank quantile of sorted data; 0 for empty data.
+fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}

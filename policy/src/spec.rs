@@ -1,0 +1,335 @@
+//! The `RetryPolicy` custom resource (`rebound.dev/v1alpha1`), as users write it.
+//!
+//! Optional fields stay optional in storage: defaults are applied when a policy is
+//! resolved (see [`crate::resolve`]), so what GitOps applied is what the API server stores.
+//! Every cross-field rule is declared once in [`rules`] and used both as a CEL rule in the
+//! CRD and by the Rust validator.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::KubeDuration;
+
+/// Bounds shared by the CRD schema and the Rust validator.
+pub mod limits {
+    pub const MAX_QUEUES: usize = 64;
+    pub const MAX_ERROR_CLASSES: usize = 64;
+    pub const MAX_SCHEDULE: usize = 100;
+    pub const MAX_ATTEMPTS: u32 = 10_000;
+    pub const MAX_MULTIPLIER: f64 = 100.0;
+}
+
+/// Declares how the jobs of some queues are retried and what happens when they stop.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "rebound.dev",
+    version = "v1alpha1",
+    kind = "RetryPolicy",
+    namespaced,
+    status = "RetryPolicyStatus",
+    shortname = "rp",
+    category = "rebound",
+    doc = "Declares how failed jobs of some queues are retried and what happens when retries stop.",
+    printcolumn(name = "Queues", type_ = "string", json_path = ".spec.queues"),
+    printcolumn(
+        name = "Max-Attempts",
+        type_ = "integer",
+        json_path = ".status.summary.maxAttempts",
+        description = "Runs allowed including the first"
+    ),
+    printcolumn(
+        name = "Cap",
+        type_ = "string",
+        json_path = ".status.summary.cap",
+        description = "Longest delay between two runs"
+    ),
+    printcolumn(
+        name = "Give-Up-After",
+        type_ = "string",
+        json_path = ".status.summary.giveUpAfter.p99",
+        description = "99th percentile of the time from first failure to giving up"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetryPolicySpec {
+    /// Queue names this policy governs: exact names or `*` globs.
+    #[schemars(
+        length(min = 1, max = 64),
+        inner(
+            length(max = 253),
+            regex(pattern = r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$")
+        )
+    )]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub queues: Vec<String>,
+
+    /// The delay curve between runs. Defaults: exponential, base 1s, multiplier 2, cap 10m,
+    /// full jitter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Backoff>,
+
+    /// Runs allowed including the first; 5 means 4 retries. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_attempts: Option<u32>,
+
+    /// Give up when the next run would start later than this after the first failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_duration: Option<KubeDuration>,
+
+    /// Error classes (names or `*` globs) that end the job at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(
+            length(max = 253),
+            regex(pattern = r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$")
+        )
+    )]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub non_retryable_errors: Vec<String>,
+
+    /// What happens when the policy gives up. Default: drop (the job library's own failed
+    /// state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<Terminal>,
+}
+
+/// The delay curve.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(
+    validation = crate::spec::rules::CAP_AT_LEAST_BASE.to_rule(),
+    validation = crate::spec::rules::MULTIPLIER_ONLY_EXPONENTIAL.to_rule(),
+    validation = crate::spec::rules::SCHEDULE_REQUIRED.to_rule(),
+    validation = crate::spec::rules::SCHEDULE_ONLY_WITH_STRATEGY.to_rule(),
+    validation = crate::spec::rules::NO_BASE_WITH_SCHEDULE.to_rule(),
+    validation = crate::spec::rules::SCHEDULE_WITHIN_CAP.to_rule(),
+    validation = crate::spec::rules::NO_JITTER_WITH_DECORRELATED.to_rule()
+)]
+pub struct Backoff {
+    /// How the delay grows with each retry. Default exponential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+    /// First delay (exponential, decorrelated), step (linear) or the delay (constant). Default 1s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<KubeDuration>,
+    /// Growth factor per retry; exponential only. Default 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1.0, max = 100.0))]
+    pub multiplier: Option<f64>,
+    /// Longest delay before jitter. Default 10m, or the base / longest schedule entry if longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<KubeDuration>,
+    /// Randomisation of each delay. Default full jitter; not allowed with decorrelated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<Jitter>,
+    /// Explicit delays for strategy `schedule`; the last one repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100))]
+    pub schedule: Option<Vec<KubeDuration>>,
+}
+
+/// How the delay grows.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Strategy {
+    /// `base × multiplier^(k−1)` for retry k.
+    #[default]
+    Exponential,
+    /// `base × k` for retry k.
+    Linear,
+    /// `base` every time.
+    Constant,
+    /// `min(cap, uniform(base, 3 × previous))`, replayed from retry 1 (Brooker).
+    Decorrelated,
+    /// The listed delays in order; the last one repeats.
+    Schedule,
+}
+
+/// Randomisation applied to the capped delay.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = crate::spec::rules::RATIO_ONLY_PROPORTIONAL.to_rule())]
+pub struct Jitter {
+    pub kind: JitterKind,
+    /// For `proportional`: the delay is drawn from `d × (1 ± ratio)`, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0), extend("exclusiveMinimum" = true))]
+    pub ratio: Option<f64>,
+}
+
+/// Jitter kinds.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum JitterKind {
+    /// The capped delay exactly.
+    None,
+    /// `uniform(0, d)`.
+    #[default]
+    Full,
+    /// `d/2 + uniform(0, d/2)`.
+    Equal,
+    /// `d × (1 ± ratio)`.
+    Proportional,
+}
+
+/// What happens when the policy gives up.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(
+    validation = crate::spec::rules::DEAD_LETTER_NEEDS_QUEUE.to_rule(),
+    validation = crate::spec::rules::QUEUE_ONLY_FOR_DEAD_LETTER.to_rule()
+)]
+pub struct Terminal {
+    pub action: TerminalAction,
+    /// Where dead-lettered jobs go; required with `deadLetter`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"))]
+    pub dead_letter_queue: Option<String>,
+}
+
+/// Terminal actions.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum TerminalAction {
+    /// Move the job to `deadLetterQueue`.
+    DeadLetter,
+    /// Leave the job to the library's own failed state.
+    #[default]
+    Drop,
+}
+
+/// What the operator observed; written with server-side apply by the operator only.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<ScheduleSummary>,
+}
+
+/// A condition in the standard Kubernetes shape.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// RFC 3339; changes only when `status` flips.
+    pub last_transition_time: String,
+}
+
+/// The resolved schedule, for people reading `kubectl get`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleSummary {
+    pub max_attempts: u32,
+    pub cap: String,
+    pub give_up_after: GiveUpAfter,
+    /// `deadLetter:<queue>` or `drop`.
+    pub terminal: String,
+    /// Queues this policy actually serves after conflicts are resolved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serving_queues: Vec<String>,
+}
+
+/// Time from the first failure until the policy gives up, as duration strings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GiveUpAfter {
+    pub p50: String,
+    pub p99: String,
+    pub max: String,
+}
+
+pub mod rules {
+    //! Cross-field rules: one definition, used as CEL in the CRD and by the Rust validator.
+
+    /// A CEL rule with the field it reports and the message users see.
+    pub struct CrossFieldRule {
+        /// Path of the reported field relative to the object the rule sits on (`.cap`).
+        pub field: &'static str,
+        pub cel: &'static str,
+        pub message: &'static str,
+    }
+
+    impl CrossFieldRule {
+        pub fn to_rule(&self) -> kube::core::Rule {
+            kube::core::Rule::new(self.cel)
+                .message(self.message)
+                .field_path(self.field)
+        }
+    }
+
+    pub const CAP_AT_LEAST_BASE: CrossFieldRule = CrossFieldRule {
+        field: ".cap",
+        cel: "!has(self.cap) || !has(self.base) || duration(self.cap) >= duration(self.base)",
+        message: "cap must be at least base",
+    };
+    pub const MULTIPLIER_ONLY_EXPONENTIAL: CrossFieldRule = CrossFieldRule {
+        field: ".multiplier",
+        cel: "!has(self.multiplier) || !has(self.strategy) || self.strategy == 'exponential'",
+        message: "multiplier applies only to strategy exponential",
+    };
+    pub const SCHEDULE_REQUIRED: CrossFieldRule = CrossFieldRule {
+        field: ".schedule",
+        cel: "!has(self.strategy) || self.strategy != 'schedule' || has(self.schedule)",
+        message: "schedule must list at least one delay when strategy is schedule",
+    };
+    pub const SCHEDULE_ONLY_WITH_STRATEGY: CrossFieldRule = CrossFieldRule {
+        field: ".schedule",
+        cel: "!has(self.schedule) || (has(self.strategy) && self.strategy == 'schedule')",
+        message: "schedule applies only to strategy schedule",
+    };
+    pub const NO_BASE_WITH_SCHEDULE: CrossFieldRule = CrossFieldRule {
+        field: ".base",
+        cel: "!has(self.base) || !has(self.strategy) || self.strategy != 'schedule'",
+        message: "base does not apply to strategy schedule (the schedule lists every delay)",
+    };
+    pub const SCHEDULE_WITHIN_CAP: CrossFieldRule = CrossFieldRule {
+        field: ".schedule",
+        cel: "!has(self.schedule) || !has(self.cap) || self.schedule.all(d, duration(d) <= duration(self.cap))",
+        message: "every schedule entry must be at most cap",
+    };
+    pub const NO_JITTER_WITH_DECORRELATED: CrossFieldRule = CrossFieldRule {
+        field: ".jitter",
+        cel: "!has(self.jitter) || !has(self.strategy) || self.strategy != 'decorrelated'",
+        message: "jitter does not apply to strategy decorrelated (it is its own jitter)",
+    };
+    pub const RATIO_ONLY_PROPORTIONAL: CrossFieldRule = CrossFieldRule {
+        field: ".ratio",
+        cel: "has(self.ratio) == (self.kind == 'proportional')",
+        message: "ratio is required with kind proportional and not allowed with other kinds",
+    };
+    pub const DEAD_LETTER_NEEDS_QUEUE: CrossFieldRule = CrossFieldRule {
+        field: ".deadLetterQueue",
+        cel: "self.action != 'deadLetter' || has(self.deadLetterQueue)",
+        message: "deadLetterQueue is required when action is deadLetter",
+    };
+    pub const QUEUE_ONLY_FOR_DEAD_LETTER: CrossFieldRule = CrossFieldRule {
+        field: ".deadLetterQueue",
+        cel: "self.action == 'deadLetter' || !has(self.deadLetterQueue)",
+        message: "deadLetterQueue applies only to action deadLetter",
+    };
+}

@@ -1,0 +1,1 @@
+//! Rebound sidecar (placeholder until the sidecar lands).

@@ -1,0 +1,456 @@
+//! A real local control plane (etcd + kube-apiserver) shared by all tests of a process.
+//!
+//! The first test that asks for it gets the cluster ready:
+//!
+//! 1. If `REBOUND_KUBECONFIG` is set, that cluster is used as it is (nothing is started).
+//! 2. Otherwise `dev/build-control-plane.sh` builds the binaries if they are not cached
+//!    yet (a cold build takes several minutes) and `dev/cluster-up.sh STATE_DIR` starts
+//!    the cluster, or only checks it if it is already up. `STATE_DIR` is
+//!    `REBOUND_CLUSTER_STATE_DIR`, by default `<repo>/.state/cluster`. Both scripts hold
+//!    file locks, so several test binaries running at once share one cluster.
+//! 3. Every `crds/*.yaml` is applied with `kubectl apply --server-side` and waited on
+//!    until `Established`.
+//!
+//! The cluster is left running when the process exits so the next test binary reuses
+//! it. Stop it with `dev/cluster-down.sh [STATE_DIR]` (CI does so after the tests).
+//!
+//! Without kube-controller-manager deleted namespaces stay `Terminating`, so each test
+//! works in a fresh namespace of its own ([`TestEnv::new`]).
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// Field manager the harness uses for server-side apply of the CRDs.
+pub const FIELD_MANAGER: &str = "rebound-tests";
+
+/// Label put on every namespace created by [`TestEnv::new`].
+pub const TEST_NAMESPACE_LABEL: &str = "rebound.dev/test";
+
+/// The repository root (the parent of the `tests/` crate).
+pub fn repo_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| manifest_dir.to_path_buf())
+}
+
+/// The repository's `crds/` directory.
+pub fn crds_dir() -> PathBuf {
+    repo_root().join("crds")
+}
+
+/// Output of a finished command.
+#[derive(Debug, Clone)]
+pub struct CmdOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CmdOutput {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// `Ok(self)` if the command exited 0, else an error carrying its output.
+    pub fn ok(self) -> Result<Self> {
+        if self.success() {
+            Ok(self)
+        } else {
+            Err(anyhow!(
+                "command failed ({}):\nstdout:\n{}\nstderr:\n{}",
+                self.status,
+                self.stdout,
+                self.stderr
+            ))
+        }
+    }
+}
+
+/// A running control plane and how to talk to it.
+#[derive(Debug)]
+pub struct Cluster {
+    kubeconfig: PathBuf,
+    state_dir: Option<PathBuf>,
+    kubectl: PathBuf,
+    crds: Vec<String>,
+}
+
+static SHARED: OnceLock<std::result::Result<Cluster, String>> = OnceLock::new();
+
+impl Cluster {
+    /// The cluster shared by every test of this process, started (or found) on first use.
+    ///
+    /// Blocks; from async code prefer [`TestEnv::new`], which runs this on a blocking
+    /// thread.
+    pub fn shared() -> Result<&'static Cluster> {
+        SHARED
+            .get_or_init(|| Cluster::bring_up().map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow!("the local control plane is not available: {e}"))
+    }
+
+    fn bring_up() -> Result<Cluster> {
+        let started = Instant::now();
+        let root = repo_root();
+        let (kubeconfig, state_dir, bin_dir) = match std::env::var_os("REBOUND_KUBECONFIG") {
+            Some(path) if !path.is_empty() => {
+                let bin_dir = run_script(
+                    &root.join("dev/build-control-plane.sh"),
+                    ["--print-bin-dir"],
+                )
+                .ok()
+                .map(PathBuf::from);
+                (PathBuf::from(path), None, bin_dir)
+            }
+            _ => {
+                let state_dir = match std::env::var_os("REBOUND_CLUSTER_STATE_DIR") {
+                    Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+                    _ => root.join(".state/cluster"),
+                };
+                let bin_dir = PathBuf::from(run_script(
+                    &root.join("dev/build-control-plane.sh"),
+                    std::iter::empty::<&str>(),
+                )?);
+                let kubeconfig = PathBuf::from(run_script(
+                    &root.join("dev/cluster-up.sh"),
+                    [state_dir.as_os_str()],
+                )?);
+                (kubeconfig, Some(state_dir), Some(bin_dir))
+            }
+        };
+        if !kubeconfig.is_file() {
+            bail!("kubeconfig {} does not exist", kubeconfig.display());
+        }
+        let kubectl = pick_kubectl(bin_dir.as_deref());
+        let mut cluster = Cluster {
+            kubeconfig,
+            state_dir,
+            kubectl,
+            crds: Vec::new(),
+        };
+        cluster
+            .kubectl(["get", "--raw", "/readyz"])?
+            .ok()
+            .context("the API server is not ready")?;
+        cluster.crds = cluster.install_crds()?;
+        eprintln!(
+            "rebound-tests: control plane ready in {:.1}s (kubeconfig {}, CRDs: {})",
+            started.elapsed().as_secs_f64(),
+            cluster.kubeconfig.display(),
+            if cluster.crds.is_empty() {
+                "none".to_string()
+            } else {
+                cluster.crds.join(", ")
+            }
+        );
+        Ok(cluster)
+    }
+
+    /// Applies every `crds/*.yaml` server-side and waits until each CRD is Established.
+    fn install_crds(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for file in crd_files()? {
+            let mut last_err = None;
+            // Another test binary may apply the same CRD at the same moment.
+            for _ in 0..3 {
+                let out = self.kubectl_os([
+                    OsStr::new("apply"),
+                    OsStr::new("--server-side"),
+                    OsStr::new("--field-manager"),
+                    OsStr::new(FIELD_MANAGER),
+                    OsStr::new("--force-conflicts"),
+                    OsStr::new("-o"),
+                    OsStr::new("name"),
+                    OsStr::new("-f"),
+                    file.as_os_str(),
+                ])?;
+                if out.success() {
+                    names.extend(
+                        out.stdout
+                            .lines()
+                            .map(str::trim)
+                            .filter(|l| !l.is_empty())
+                            .map(String::from),
+                    );
+                    last_err = None;
+                    break;
+                }
+                last_err = Some(out);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            if let Some(out) = last_err {
+                out.ok()
+                    .with_context(|| format!("applying {}", file.display()))?;
+            }
+        }
+        for name in names
+            .iter()
+            .filter(|n| n.starts_with("customresourcedefinition"))
+        {
+            self.kubectl([
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                name.as_str(),
+            ])?
+            .ok()
+            .with_context(|| format!("waiting for {name} to be Established"))?;
+        }
+        Ok(names)
+    }
+
+    /// Path of the admin kubeconfig (embedded certificates).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The state dir of the cluster, if this process started it (`None` with `REBOUND_KUBECONFIG`).
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.state_dir.as_deref()
+    }
+
+    /// The kubectl binary the helpers run.
+    pub fn kubectl_path(&self) -> &Path {
+        &self.kubectl
+    }
+
+    /// Objects applied from `crds/` (as `kubectl -o name` prints them).
+    pub fn installed_crds(&self) -> &[String] {
+        &self.crds
+    }
+
+    /// Runs kubectl against this cluster and returns its output (whatever its exit status).
+    pub fn kubectl<I, S>(&self, args: I) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.kubectl_with_stdin(args, None)
+    }
+
+    fn kubectl_os<'a, I>(&self, args: I) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = &'a OsStr>,
+    {
+        self.kubectl_with_stdin(args, None)
+    }
+
+    /// Runs kubectl with `input` on its standard input (e.g. `apply -f -`).
+    pub fn kubectl_stdin<I, S>(&self, args: I, input: &str) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.kubectl_with_stdin(args, Some(input))
+    }
+
+    fn kubectl_with_stdin<I, S>(&self, args: I, input: Option<&str>) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .arg("--request-timeout=60s")
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("could not run {}", self.kubectl.display()))?;
+        if let Some(input) = input {
+            let mut stdin = child.stdin.take().context("kubectl stdin is not piped")?;
+            stdin
+                .write_all(input.as_bytes())
+                .context("writing to kubectl's stdin")?;
+        }
+        let out = child.wait_with_output().context("waiting for kubectl")?;
+        Ok(CmdOutput {
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// A new `kube::Client` for the admin user. Create one per test (per tokio runtime).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Creates a namespace with a unique name starting with `prefix`.
+    pub async fn create_namespace(&self, client: &kube::Client, prefix: &str) -> Result<String> {
+        let name = unique_name(prefix);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(TEST_NAMESPACE_LABEL.to_string(), "true".to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        Ok(name)
+    }
+}
+
+/// What an integration test works with: the shared cluster, a client, a fresh namespace.
+pub struct TestEnv {
+    pub cluster: &'static Cluster,
+    pub client: kube::Client,
+    pub namespace: String,
+}
+
+impl TestEnv {
+    /// Gets the shared cluster ready (first call only) and creates a fresh namespace
+    /// named `<prefix>-<unique suffix>`.
+    pub async fn new(prefix: &str) -> Result<TestEnv> {
+        let cluster = tokio::task::spawn_blocking(Cluster::shared)
+            .await
+            .context("the cluster start-up thread panicked")??;
+        let client = cluster.client().await?;
+        let namespace = cluster.create_namespace(&client, prefix).await?;
+        Ok(TestEnv {
+            cluster,
+            client,
+            namespace,
+        })
+    }
+
+    /// Runs kubectl with `-n <namespace>` added.
+    pub fn kubectl<I, S>(&self, args: I) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut all: Vec<std::ffi::OsString> = vec!["-n".into(), self.namespace.clone().into()];
+        all.extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self.cluster.kubectl(all)
+    }
+
+    /// Runs kubectl with `-n <namespace>` added and `input` on its standard input.
+    pub fn kubectl_stdin<I, S>(&self, args: I, input: &str) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut all: Vec<std::ffi::OsString> = vec!["-n".into(), self.namespace.clone().into()];
+        all.extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self.cluster.kubectl_stdin(all, input)
+    }
+}
+
+/// Builds a client from a kubeconfig file, as `kube::Client::try_default()` would with
+/// `KUBECONFIG` pointing at it (without touching the process environment).
+pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("creating a kube client")
+}
+
+/// A DNS-1123 label `<prefix>-<pid>-<counter><time>` that no other test process produces.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let mut prefix: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    prefix = prefix.trim_matches('-').to_string();
+    if prefix.is_empty() {
+        prefix.push_str("test");
+    }
+    let suffix = format!("-{}-{n}{:x}", std::process::id(), nanos % 0xfff);
+    prefix.truncate(63 - suffix.len());
+    let prefix = prefix.trim_end_matches('-');
+    format!("{prefix}{suffix}")
+}
+
+fn crd_files() -> Result<Vec<PathBuf>> {
+    let dir = crds_dir();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("reading {}", dir.display()))?
+            .path();
+        if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// kubectl to use: `REBOUND_KUBECTL`, else the one built with the control plane (same
+/// version as the API server), else `kubectl` on `PATH`.
+fn pick_kubectl(bin_dir: Option<&Path>) -> PathBuf {
+    if let Some(k) = std::env::var_os("REBOUND_KUBECTL").filter(|k| !k.is_empty()) {
+        return PathBuf::from(k);
+    }
+    if let Some(k) = bin_dir.map(|d| d.join("kubectl")).filter(|k| k.is_file()) {
+        return k;
+    }
+    PathBuf::from("kubectl")
+}
+
+/// Runs a dev/ script; its stderr goes to ours (build progress), the last line of its
+/// stdout is returned.
+fn run_script<I, S>(script: &Path, args: I) -> Result<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new("bash")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not run {}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}); stdout:\n{stdout}",
+            script.display(),
+            out.status
+        );
+    }
+    stdout
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .map(String::from)
+        .ok_or_else(|| anyhow!("{} printed nothing", script.display()))
+}

@@ -1,0 +1,134 @@
+//! Compiling a namespace: conflicts, precedence, hashing and reading the document back.
+
+use rebound_policy::{
+    PolicyOutcome, PolicySource, PolicyTable, compile,
+    compiled::{CompiledDocument, DocumentError, LostQueue},
+    manifest::parse_manifests,
+    simulate,
+};
+
+fn source(name: &str, created: i64, queues: &[&str]) -> PolicySource {
+    let yaml = format!(
+        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: {name}}}\nspec: {{queues: [{}]}}\n",
+        queues.iter().map(|q| format!("{q:?}")).collect::<Vec<_>>().join(", ")
+    );
+    let doc = parse_manifests(&yaml).expect("YAML").remove(0);
+    let (policy, _) = doc.result.expect("valid");
+    PolicySource {
+        name: name.into(),
+        namespace: "shop".into(),
+        uid: format!("uid-{name}"),
+        generation: 1,
+        created: Some(created),
+        spec: policy.spec,
+    }
+}
+
+#[test]
+fn same_pattern_goes_to_the_older_policy_and_the_loser_is_told() {
+    let c = compile("shop", vec![source("young", 200, &["emails", "sms"]), source("old", 100, &["emails"])]);
+    assert_eq!(
+        c.outcome("young"),
+        Some(&PolicyOutcome::Compiled {
+            serving: vec!["sms".into()],
+            lost: vec![LostQueue { pattern: "emails".into(), winner: "old".into() }],
+        })
+    );
+    let table = PolicyTable::new(&c.document);
+    assert_eq!(table.lookup("emails").map(|e| e.name.as_str()), Some("old"));
+    assert_eq!(table.lookup("sms").map(|e| e.name.as_str()), Some("young"));
+}
+
+#[test]
+fn ties_on_age_go_to_the_name_that_sorts_first() {
+    let c = compile("shop", vec![source("b", 100, &["q"]), source("a", 100, &["q"])]);
+    assert_eq!(PolicyTable::new(&c.document).lookup("q").map(|e| e.name.as_str()), Some("a"));
+}
+
+#[test]
+fn exact_beats_glob_and_longer_prefix_beats_shorter() {
+    let c = compile(
+        "shop",
+        vec![
+            source("catch-all", 1, &["*"]),
+            source("emails", 5, &["email*"]),
+            source("eu-emails", 9, &["email.eu*"]),
+            source("receipts", 9, &["email.eu.receipts"]),
+        ],
+    );
+    let t = PolicyTable::new(&c.document);
+    let who = |q: &str| t.lookup(q).map(|e| e.name.clone());
+    assert_eq!(who("email.eu.receipts").as_deref(), Some("receipts"));
+    assert_eq!(who("email.eu.promo").as_deref(), Some("eu-emails"));
+    assert_eq!(who("email.us").as_deref(), Some("emails"));
+    assert_eq!(who("video").as_deref(), Some("catch-all"));
+}
+
+#[test]
+fn unknown_queue_without_catch_all_has_no_policy() {
+    let c = compile("shop", vec![source("a", 1, &["emails"])]);
+    assert!(PolicyTable::new(&c.document).lookup("sms").is_none());
+}
+
+#[test]
+fn invalid_policies_are_left_out_and_the_rest_compiles() {
+    let mut bad = source("bad", 1, &["x"]);
+    bad.spec.max_attempts = Some(0);
+    let c = compile("shop", vec![bad, source("good", 2, &["y"])]);
+    assert!(matches!(c.outcome("bad"), Some(PolicyOutcome::Invalid(e)) if e[0].field == "spec.maxAttempts"));
+    assert_eq!(c.document.policies.len(), 1);
+}
+
+#[test]
+fn hash_is_deterministic_and_independent_of_input_order() {
+    let a = compile("shop", vec![source("a", 1, &["x"]), source("b", 2, &["y"])]);
+    let b = compile("shop", vec![source("b", 2, &["y"]), source("a", 1, &["x"])]);
+    assert_eq!(a.document.hash, b.document.hash);
+    let mut changed = source("b", 2, &["y"]);
+    changed.generation = 2;
+    let c = compile("shop", vec![source("a", 1, &["x"]), changed]);
+    assert_ne!(a.document.hash, c.document.hash);
+}
+
+#[test]
+fn document_round_trips_and_rejects_tampering() {
+    let doc = compile("shop", vec![source("a", 1, &["x"])]).document;
+    let json = doc.to_json();
+    assert_eq!(CompiledDocument::from_json(json.as_bytes()).expect("reads back"), doc);
+
+    let tampered = json.replace("\"maxAttempts\":10", "\"maxAttempts\":11");
+    assert!(matches!(CompiledDocument::from_json(tampered.as_bytes()), Err(DocumentError::Hash { .. })));
+    let future = json.replace("compiled-policies/v1", "compiled-policies/v9");
+    assert!(matches!(CompiledDocument::from_json(future.as_bytes()), Err(DocumentError::Format { .. })));
+    assert!(matches!(CompiledDocument::from_json(&json.as_bytes()[..json.len() / 2]), Err(DocumentError::Parse(_))));
+}
+
+#[test]
+fn document_with_impossible_parameters_is_rejected_even_with_a_valid_hash() {
+    let mut doc = compile("shop", vec![source("a", 1, &["x"])]).document;
+    doc.policies[0].params.cap_ms = 1;
+    doc.policies[0].params.base_ms = 10;
+    let resealed = CompiledDocument::new("shop", doc.policies);
+    let err = CompiledDocument::from_json(resealed.to_json().as_bytes()).expect_err("rejected");
+    assert!(err.to_string().contains("capMs"), "{err}");
+}
+
+#[test]
+fn simulation_gives_up_after_max_attempts_with_the_sum_of_delays() {
+    let c = compile("shop", vec![source("a", 1, &["x"])]);
+    let t = PolicyTable::new(&c.document);
+    let entry = t.lookup("x").expect("policy");
+    let s = simulate(&entry.policy, 2_000, 7, true);
+    assert_eq!(s.retries.len(), 9, "10 attempts = 9 retries");
+    assert_eq!(s.give_up_reasons.max_attempts, 2_000);
+    // Full jitter on 1s,2s,…,256s: each retry's mean is half its capped delay.
+    for r in &s.retries {
+        let nominal = 1_000.0 * 2f64.powi(r.retry as i32 - 1);
+        assert!((r.mean_ms / (nominal / 2.0) - 1.0).abs() < 0.1, "retry {}: mean {}", r.retry, r.mean_ms);
+        assert!(r.max_ms as f64 <= nominal);
+    }
+    let total_nominal = 511_000.0;
+    assert!(s.give_up_after_ms.max as f64 <= total_nominal);
+    assert!((s.give_up_after_ms.p50 as f64 / (total_nominal / 2.0) - 1.0).abs() < 0.1);
+    assert_eq!(simulate(&entry.policy, 2_000, 7, true), s, "same seed, same figures");
+}

@@ -36,38 +36,79 @@ fn validate_accepts_the_examples() {
 
 #[test]
 fn validate_reports_file_document_field_and_message() {
-    let out = rebound(&["validate", "-f", "policy/tests/fixtures/invalid-policies.yaml"]);
+    let out = rebound(&[
+        "validate",
+        "-f",
+        "policy/tests/fixtures/invalid-policies.yaml",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains("policy/tests/fixtures/invalid-policies.yaml:1:spec.backoff.cap: cap must be at least base"),
         "{stdout}"
     );
-    assert!(stdout.contains(":9:spec.terminal.deadLetterQueue: deadLetterQueue is required"), "{stdout}");
+    assert!(
+        stdout.contains(":9:spec.terminal.deadLetterQueue: deadLetterQueue is required"),
+        "{stdout}"
+    );
     let documents: std::collections::BTreeSet<&str> =
         stdout.lines().filter_map(|l| l.split(':').nth(1)).collect();
-    assert!(documents.len() >= 20, "every invalid document reported: {documents:?}");
+    assert!(
+        documents.len() >= 20,
+        "every invalid document reported: {documents:?}"
+    );
 }
 
 #[test]
 fn errors_are_one_line_without_a_backtrace() {
     for args in [
         vec!["validate", "-f", "does/not/exist.yaml"],
-        vec!["simulate", "-f", "policy/tests/fixtures/invalid-policies.yaml"],
-        vec!["simulate", "-f", "examples/policies/email.yaml", "--policy", "nope"],
-        vec!["ask", "-f", "examples/policies/payments.yaml", "--queue", "video", "--attempt", "1"],
+        vec![
+            "simulate",
+            "-f",
+            "policy/tests/fixtures/invalid-policies.yaml",
+        ],
+        vec![
+            "simulate",
+            "-f",
+            "examples/policies/email.yaml",
+            "--policy",
+            "nope",
+        ],
+        vec![
+            "ask",
+            "-f",
+            "examples/policies/payments.yaml",
+            "--queue",
+            "video",
+            "--attempt",
+            "1",
+        ],
     ] {
         let out = rebound(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let stderr = text(&out.stderr);
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.starts_with("rebound: ") && !stderr.contains("panicked"), "{stderr}");
+        assert!(
+            stderr.starts_with("rebound: ") && !stderr.contains("panicked"),
+            "{stderr}"
+        );
     }
 }
 
 #[test]
 fn simulate_json_keeps_its_contract() {
-    let out = rebound(&["simulate", "-f", "examples/policies/payments.yaml", "--samples", "2000", "--seed", "3", "-o", "json"]);
+    let out = rebound(&[
+        "simulate",
+        "-f",
+        "examples/policies/payments.yaml",
+        "--samples",
+        "2000",
+        "--seed",
+        "3",
+        "-o",
+        "json",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let policy = &json["policies"][0];
@@ -80,38 +121,94 @@ fn simulate_json_keeps_its_contract() {
             assert!(r[key].is_u64(), "{key} in {r}");
         }
         assert!(r["mean_ms"].is_number());
-        assert!(r["min_ms"].as_u64() <= r["p50_ms"].as_u64() && r["p99_ms"].as_u64() <= r["max_ms"].as_u64());
+        assert!(
+            r["min_ms"].as_u64() <= r["p50_ms"].as_u64()
+                && r["p99_ms"].as_u64() <= r["max_ms"].as_u64()
+        );
     }
     let g = &policy["give_up_after_ms"];
     assert!(g["p50"].as_u64() <= g["p99"].as_u64() && g["p99"].as_u64() <= g["max"].as_u64());
     assert_eq!(policy["terminal"], "deadLetter:payments-review");
 
-    let again = rebound(&["simulate", "-f", "examples/policies/payments.yaml", "--samples", "2000", "--seed", "3", "-o", "json"]);
+    let again = rebound(&[
+        "simulate",
+        "-f",
+        "examples/policies/payments.yaml",
+        "--samples",
+        "2000",
+        "--seed",
+        "3",
+        "-o",
+        "json",
+    ]);
     assert_eq!(out.stdout, again.stdout, "same seed, same output");
 }
 
 #[test]
 fn simulate_table_names_each_policy() {
-    let out = rebound(&["simulate", "-f", "examples/policies/email.yaml", "--samples", "500"]);
+    let out = rebound(&[
+        "simulate",
+        "-f",
+        "examples/policies/email.yaml",
+        "--samples",
+        "500",
+    ]);
     let stdout = text(&out.stdout);
-    assert!(stdout.contains("RetryPolicy default/email") && stdout.contains("RetryPolicy default/newsletter"));
+    assert!(
+        stdout.contains("RetryPolicy default/email")
+            && stdout.contains("RetryPolicy default/newsletter")
+    );
     assert!(stdout.contains("gives up after"));
 }
 
 #[test]
 fn crd_prints_the_committed_definition() {
     let out = rebound(&["crd"]);
-    let committed = std::fs::read(format!("{ROOT}/crds/retrypolicies.rebound.dev.yaml")).expect("committed CRD");
+    let committed = std::fs::read(format!("{ROOT}/crds/retrypolicies.rebound.dev.yaml"))
+        .expect("committed CRD");
     assert_eq!(out.stdout, committed);
 }
 
 #[test]
 fn ask_answers_like_the_sidecar() {
-    let out = rebound(&["ask", "-f", "examples/policies/payments.yaml", "--queue", "payments.charge", "--attempt", "2", "--error-class", "CardDeclined"]);
+    let out = rebound(&[
+        "ask",
+        "-f",
+        "examples/policies/payments.yaml",
+        "--queue",
+        "payments.charge",
+        "--attempt",
+        "2",
+        "--error-class",
+        "CardDeclined",
+    ]);
     let stdout = text(&out.stdout);
-    assert!(stdout.starts_with("GIVE_UP → deadLetter:payments-review"), "{stdout}");
-    let a = rebound(&["ask", "-f", "examples/policies/webhooks.yaml", "--queue", "webhooks-eu", "--attempt", "3", "--job-id", "42"]);
-    let b = rebound(&["ask", "-f", "examples/policies/webhooks.yaml", "--queue", "webhooks-eu", "--attempt", "3", "--job-id", "42"]);
+    assert!(
+        stdout.starts_with("GIVE_UP → deadLetter:payments-review"),
+        "{stdout}"
+    );
+    let a = rebound(&[
+        "ask",
+        "-f",
+        "examples/policies/webhooks.yaml",
+        "--queue",
+        "webhooks-eu",
+        "--attempt",
+        "3",
+        "--job-id",
+        "42",
+    ]);
+    let b = rebound(&[
+        "ask",
+        "-f",
+        "examples/policies/webhooks.yaml",
+        "--queue",
+        "webhooks-eu",
+        "--attempt",
+        "3",
+        "--job-id",
+        "42",
+    ]);
     assert!(text(&a.stdout).starts_with("RETRY in"));
     assert_eq!(a.stdout, b.stdout);
 }

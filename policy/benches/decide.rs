@@ -46,10 +46,22 @@ fn bench(c: &mut Criterion) {
         b.iter(|| decide(black_box(&exponential), black_box(7), black_box(&with_job)))
     });
     c.bench_function("exponential_full_jitter/no_job_id", |b| {
-        b.iter(|| decide(black_box(&exponential), black_box(7), black_box(&without_job)))
+        b.iter(|| {
+            decide(
+                black_box(&exponential),
+                black_box(7),
+                black_box(&without_job),
+            )
+        })
     });
     c.bench_function("decorrelated/attempt_50/job_id", |b| {
-        b.iter(|| decide(black_box(&decorrelated), black_box(50), black_box(&with_job)))
+        b.iter(|| {
+            decide(
+                black_box(&decorrelated),
+                black_box(50),
+                black_box(&with_job),
+            )
+        })
     });
 }
 

@@ -5,6 +5,9 @@
 //! Every cross-field rule is declared once in [`rules`] and used both as a CEL rule in the
 //! CRD and by the Rust validator.
 
+// `printcolumn(type_ = ...)` repeats keys by design; the lint misreads it as duplication.
+#![allow(clippy::duplicated_attributes)]
+
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

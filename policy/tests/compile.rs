@@ -10,7 +10,11 @@ use rebound_policy::{
 fn source(name: &str, created: i64, queues: &[&str]) -> PolicySource {
     let yaml = format!(
         "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: {name}}}\nspec: {{queues: [{}]}}\n",
-        queues.iter().map(|q| format!("{q:?}")).collect::<Vec<_>>().join(", ")
+        queues
+            .iter()
+            .map(|q| format!("{q:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let doc = parse_manifests(&yaml).expect("YAML").remove(0);
     let (policy, _) = doc.result.expect("valid");
@@ -26,12 +30,21 @@ fn source(name: &str, created: i64, queues: &[&str]) -> PolicySource {
 
 #[test]
 fn same_pattern_goes_to_the_older_policy_and_the_loser_is_told() {
-    let c = compile("shop", vec![source("young", 200, &["emails", "sms"]), source("old", 100, &["emails"])]);
+    let c = compile(
+        "shop",
+        vec![
+            source("young", 200, &["emails", "sms"]),
+            source("old", 100, &["emails"]),
+        ],
+    );
     assert_eq!(
         c.outcome("young"),
         Some(&PolicyOutcome::Compiled {
             serving: vec!["sms".into()],
-            lost: vec![LostQueue { pattern: "emails".into(), winner: "old".into() }],
+            lost: vec![LostQueue {
+                pattern: "emails".into(),
+                winner: "old".into()
+            }],
         })
     );
     let table = PolicyTable::new(&c.document);
@@ -41,8 +54,16 @@ fn same_pattern_goes_to_the_older_policy_and_the_loser_is_told() {
 
 #[test]
 fn ties_on_age_go_to_the_name_that_sorts_first() {
-    let c = compile("shop", vec![source("b", 100, &["q"]), source("a", 100, &["q"])]);
-    assert_eq!(PolicyTable::new(&c.document).lookup("q").map(|e| e.name.as_str()), Some("a"));
+    let c = compile(
+        "shop",
+        vec![source("b", 100, &["q"]), source("a", 100, &["q"])],
+    );
+    assert_eq!(
+        PolicyTable::new(&c.document)
+            .lookup("q")
+            .map(|e| e.name.as_str()),
+        Some("a")
+    );
 }
 
 #[test]
@@ -75,7 +96,9 @@ fn invalid_policies_are_left_out_and_the_rest_compiles() {
     let mut bad = source("bad", 1, &["x"]);
     bad.spec.max_attempts = Some(0);
     let c = compile("shop", vec![bad, source("good", 2, &["y"])]);
-    assert!(matches!(c.outcome("bad"), Some(PolicyOutcome::Invalid(e)) if e[0].field == "spec.maxAttempts"));
+    assert!(
+        matches!(c.outcome("bad"), Some(PolicyOutcome::Invalid(e)) if e[0].field == "spec.maxAttempts")
+    );
     assert_eq!(c.document.policies.len(), 1);
 }
 
@@ -94,13 +117,25 @@ fn hash_is_deterministic_and_independent_of_input_order() {
 fn document_round_trips_and_rejects_tampering() {
     let doc = compile("shop", vec![source("a", 1, &["x"])]).document;
     let json = doc.to_json();
-    assert_eq!(CompiledDocument::from_json(json.as_bytes()).expect("reads back"), doc);
+    assert_eq!(
+        CompiledDocument::from_json(json.as_bytes()).expect("reads back"),
+        doc
+    );
 
     let tampered = json.replace("\"maxAttempts\":10", "\"maxAttempts\":11");
-    assert!(matches!(CompiledDocument::from_json(tampered.as_bytes()), Err(DocumentError::Hash { .. })));
+    assert!(matches!(
+        CompiledDocument::from_json(tampered.as_bytes()),
+        Err(DocumentError::Hash { .. })
+    ));
     let future = json.replace("compiled-policies/v1", "compiled-policies/v9");
-    assert!(matches!(CompiledDocument::from_json(future.as_bytes()), Err(DocumentError::Format { .. })));
-    assert!(matches!(CompiledDocument::from_json(&json.as_bytes()[..json.len() / 2]), Err(DocumentError::Parse(_))));
+    assert!(matches!(
+        CompiledDocument::from_json(future.as_bytes()),
+        Err(DocumentError::Format { .. })
+    ));
+    assert!(matches!(
+        CompiledDocument::from_json(&json.as_bytes()[..json.len() / 2]),
+        Err(DocumentError::Parse(_))
+    ));
 }
 
 #[test]
@@ -124,11 +159,20 @@ fn simulation_gives_up_after_max_attempts_with_the_sum_of_delays() {
     // Full jitter on 1s,2s,…,256s: each retry's mean is half its capped delay.
     for r in &s.retries {
         let nominal = 1_000.0 * 2f64.powi(r.retry as i32 - 1);
-        assert!((r.mean_ms / (nominal / 2.0) - 1.0).abs() < 0.1, "retry {}: mean {}", r.retry, r.mean_ms);
+        assert!(
+            (r.mean_ms / (nominal / 2.0) - 1.0).abs() < 0.1,
+            "retry {}: mean {}",
+            r.retry,
+            r.mean_ms
+        );
         assert!(r.max_ms as f64 <= nominal);
     }
     let total_nominal = 511_000.0;
     assert!(s.give_up_after_ms.max as f64 <= total_nominal);
     assert!((s.give_up_after_ms.p50 as f64 / (total_nominal / 2.0) - 1.0).abs() < 0.1);
-    assert_eq!(simulate(&entry.policy, 2_000, 7, true), s, "same seed, same figures");
+    assert_eq!(
+        simulate(&entry.policy, 2_000, 7, true),
+        s,
+        "same seed, same figures"
+    );
 }

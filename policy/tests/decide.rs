@@ -6,15 +6,37 @@ use rebound_policy::{
     spec::{JitterKind, Strategy},
 };
 
-fn policy(strategy: Strategy, jitter: JitterKind, base_ms: u64, multiplier: f64, cap_ms: u64) -> ResolvedPolicy {
+fn policy(
+    strategy: Strategy,
+    jitter: JitterKind,
+    base_ms: u64,
+    multiplier: f64,
+    cap_ms: u64,
+) -> ResolvedPolicy {
     ResolvedPolicy {
         strategy,
         base_ms,
-        multiplier: if strategy == Strategy::Exponential { multiplier } else { 1.0 },
+        multiplier: if strategy == Strategy::Exponential {
+            multiplier
+        } else {
+            1.0
+        },
         cap_ms: cap_ms.max(base_ms),
-        jitter: if strategy == Strategy::Decorrelated { JitterKind::None } else { jitter },
-        jitter_ratio: if jitter == JitterKind::Proportional { 0.25 } else { 0.0 },
-        schedule_ms: if strategy == Strategy::Schedule { vec![base_ms, base_ms * 3, base_ms * 7] } else { vec![] },
+        jitter: if strategy == Strategy::Decorrelated {
+            JitterKind::None
+        } else {
+            jitter
+        },
+        jitter_ratio: if jitter == JitterKind::Proportional {
+            0.25
+        } else {
+            0.0
+        },
+        schedule_ms: if strategy == Strategy::Schedule {
+            vec![base_ms, base_ms * 3, base_ms * 7]
+        } else {
+            vec![]
+        },
         max_attempts: 10_000,
         max_retry_duration_ms: None,
         non_retryable_errors: vec![],
@@ -133,28 +155,62 @@ proptest! {
 
 #[test]
 fn huge_attempt_numbers_saturate_at_the_cap() {
-    let mut params = policy(Strategy::Exponential, JitterKind::None, 1_000, 100.0, 3_600_000);
+    let mut params = policy(
+        Strategy::Exponential,
+        JitterKind::None,
+        1_000,
+        100.0,
+        3_600_000,
+    );
     params.max_attempts = 10_000;
     let p = Policy::new("ns/p", params);
-    assert_eq!(retry_delay(decide(&p, 9_999, &Context::default())), 3_600_000);
-    assert!(matches!(decide(&p, u32::MAX, &Context::default()), Decision::GiveUp { .. }));
-    assert_eq!(retry_delay(decide(&p, 0, &Context::default())), 1_000, "attempt 0 reads as 1");
+    assert_eq!(
+        retry_delay(decide(&p, 9_999, &Context::default())),
+        3_600_000
+    );
+    assert!(matches!(
+        decide(&p, u32::MAX, &Context::default()),
+        Decision::GiveUp { .. }
+    ));
+    assert_eq!(
+        retry_delay(decide(&p, 0, &Context::default())),
+        1_000,
+        "attempt 0 reads as 1"
+    );
 }
 
 #[test]
 fn exponential_follows_base_times_multiplier_power() {
-    let p = Policy::new("ns/p", policy(Strategy::Exponential, JitterKind::None, 500, 3.0, 120_000));
-    let delays: Vec<u64> = (1..=7).map(|k| retry_delay(decide(&p, k, &Context::default()))).collect();
-    assert_eq!(delays, [500, 1_500, 4_500, 13_500, 40_500, 120_000, 120_000]);
+    let p = Policy::new(
+        "ns/p",
+        policy(Strategy::Exponential, JitterKind::None, 500, 3.0, 120_000),
+    );
+    let delays: Vec<u64> = (1..=7)
+        .map(|k| retry_delay(decide(&p, k, &Context::default())))
+        .collect();
+    assert_eq!(
+        delays,
+        [500, 1_500, 4_500, 13_500, 40_500, 120_000, 120_000]
+    );
 }
 
 #[test]
 fn different_job_ids_spread_out() {
-    let p = Policy::new("ns/p", policy(Strategy::Exponential, JitterKind::Full, 1_000, 2.0, 600_000));
+    let p = Policy::new(
+        "ns/p",
+        policy(Strategy::Exponential, JitterKind::Full, 1_000, 2.0, 600_000),
+    );
     let mut delays: Vec<u64> = (0..1_000)
         .map(|i| {
             let id = format!("job-{i}");
-            retry_delay(decide(&p, 8, &Context { job_id: Some(&id), ..Context::default() }))
+            retry_delay(decide(
+                &p,
+                8,
+                &Context {
+                    job_id: Some(&id),
+                    ..Context::default()
+                },
+            ))
         })
         .collect();
     delays.sort_unstable();
@@ -166,7 +222,10 @@ fn different_job_ids_spread_out() {
 #[test]
 fn policy_identity_changes_the_draw() {
     let params = policy(Strategy::Exponential, JitterKind::Full, 1_000, 2.0, 600_000);
-    let ctx = Context { job_id: Some("job-1"), ..Context::default() };
+    let ctx = Context {
+        job_id: Some("job-1"),
+        ..Context::default()
+    };
     let a = decide(&Policy::new("ns/a", params.clone()), 5, &ctx);
     let b = decide(&Policy::new("ns/b", params), 5, &ctx);
     assert_ne!(a, b);
@@ -174,36 +233,75 @@ fn policy_identity_changes_the_draw() {
 
 #[test]
 fn decorrelated_replays_the_same_path_for_a_job() {
-    let p = Policy::new("ns/p", policy(Strategy::Decorrelated, JitterKind::None, 100, 1.0, 60_000));
-    let ctx = Context { job_id: Some("job-42"), ..Context::default() };
+    let p = Policy::new(
+        "ns/p",
+        policy(Strategy::Decorrelated, JitterKind::None, 100, 1.0, 60_000),
+    );
+    let ctx = Context {
+        job_id: Some("job-42"),
+        ..Context::default()
+    };
     let path: Vec<u64> = (1..=30).map(|k| retry_delay(decide(&p, k, &ctx))).collect();
     // Each step is drawn from [base, 3 × previous], capped.
     let mut previous = 100u64;
     for (i, &d) in path.iter().enumerate() {
-        assert!(d >= 100 && d <= (3 * previous).min(60_000), "retry {}: {d} after {previous}", i + 1);
+        assert!(
+            d >= 100 && d <= (3 * previous).min(60_000),
+            "retry {}: {d} after {previous}",
+            i + 1
+        );
         previous = d;
     }
-    assert_eq!(path, (1..=30).map(|k| retry_delay(decide(&p, k, &ctx))).collect::<Vec<_>>());
+    assert_eq!(
+        path,
+        (1..=30)
+            .map(|k| retry_delay(decide(&p, k, &ctx)))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
 fn non_retryable_error_gives_up_first() {
     let mut params = policy(Strategy::Exponential, JitterKind::Full, 100, 2.0, 1_000);
     params.non_retryable_errors = vec!["CardDeclined".into(), "stripe.*".into()];
-    params.terminal = Disposition::DeadLetter { dead_letter_queue: "review".into() };
+    params.terminal = Disposition::DeadLetter {
+        dead_letter_queue: "review".into(),
+    };
     let p = Policy::new("ns/p", params);
     for class in ["CardDeclined", "stripe.InvalidRequest"] {
-        let d = decide(&p, 1, &Context { error_class: Some(class), ..Context::default() });
+        let d = decide(
+            &p,
+            1,
+            &Context {
+                error_class: Some(class),
+                ..Context::default()
+            },
+        );
         match d {
-            Decision::GiveUp { disposition, reason } => {
-                assert_eq!(disposition, Disposition::DeadLetter { dead_letter_queue: "review".into() });
+            Decision::GiveUp {
+                disposition,
+                reason,
+            } => {
+                assert_eq!(
+                    disposition,
+                    Disposition::DeadLetter {
+                        dead_letter_queue: "review".into()
+                    }
+                );
                 assert_eq!(reason.code(), "NonRetryable");
                 assert!(reason.to_string().contains(class));
             }
             other => panic!("{class}: {other:?}"),
         }
     }
-    let d = decide(&p, 1, &Context { error_class: Some("Timeout"), ..Context::default() });
+    let d = decide(
+        &p,
+        1,
+        &Context {
+            error_class: Some("Timeout"),
+            ..Context::default()
+        },
+    );
     assert!(matches!(d, Decision::Retry { .. }));
 }
 
@@ -212,10 +310,25 @@ fn deadline_gives_up_when_the_next_run_would_start_too_late() {
     let mut params = policy(Strategy::Constant, JitterKind::None, 60_000, 1.0, 60_000);
     params.max_retry_duration_ms = Some(300_000);
     let p = Policy::new("ns/p", params);
-    let at = |elapsed: u64| Context { first_failure_ms: Some(1_000_000), now_ms: Some(1_000_000 + elapsed), ..Context::default() };
-    assert_eq!(retry_delay(decide(&p, 3, &at(240_000))), 60_000, "starts exactly at the limit");
+    let at = |elapsed: u64| Context {
+        first_failure_ms: Some(1_000_000),
+        now_ms: Some(1_000_000 + elapsed),
+        ..Context::default()
+    };
+    assert_eq!(
+        retry_delay(decide(&p, 3, &at(240_000))),
+        60_000,
+        "starts exactly at the limit"
+    );
     match decide(&p, 3, &at(240_001)) {
-        Decision::GiveUp { reason: GiveUpReason::Deadline { next_start_after_ms, .. }, .. } => {
+        Decision::GiveUp {
+            reason:
+                GiveUpReason::Deadline {
+                    next_start_after_ms,
+                    ..
+                },
+            ..
+        } => {
             assert_eq!(next_start_after_ms, 300_001)
         }
         other => panic!("{other:?}"),
@@ -224,8 +337,14 @@ fn deadline_gives_up_when_the_next_run_would_start_too_late() {
 
 #[test]
 fn retry_after_is_a_floor_bounded_by_the_cap() {
-    let p = Policy::new("ns/p", policy(Strategy::Constant, JitterKind::None, 1_000, 1.0, 30_000));
-    let with = |ms| Context { retry_after_ms: Some(ms), ..Context::default() };
+    let p = Policy::new(
+        "ns/p",
+        policy(Strategy::Constant, JitterKind::None, 1_000, 1.0, 30_000),
+    );
+    let with = |ms| Context {
+        retry_after_ms: Some(ms),
+        ..Context::default()
+    };
     assert_eq!(retry_delay(decide(&p, 1, &with(5_000))), 5_000);
     assert_eq!(retry_delay(decide(&p, 1, &with(500))), 1_000);
     assert_eq!(retry_delay(decide(&p, 1, &with(3_600_000))), 30_000);

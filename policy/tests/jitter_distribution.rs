@@ -35,7 +35,14 @@ fn draws(p: &Policy, attempt: u32) -> Vec<f64> {
     (0..SAMPLES)
         .map(|i| {
             let id = format!("order-{i}");
-            match decide(p, attempt, &Context { job_id: Some(&id), ..Context::default() }) {
+            match decide(
+                p,
+                attempt,
+                &Context {
+                    job_id: Some(&id),
+                    ..Context::default()
+                },
+            ) {
                 Decision::Retry { delay_ms } => delay_ms as f64,
                 other => panic!("{other:?}"),
             }
@@ -52,7 +59,9 @@ fn ks_uniform(mut sample: Vec<f64>, low: f64, high: f64) -> f64 {
         .enumerate()
         .map(|(i, &x)| {
             let cdf = ((x - low) / (high - low)).clamp(0.0, 1.0);
-            (cdf - i as f64 / n).abs().max(((i + 1) as f64 / n - cdf).abs())
+            (cdf - i as f64 / n)
+                .abs()
+                .max(((i + 1) as f64 / n - cdf).abs())
         })
         .fold(0.0, f64::max)
 }
@@ -73,13 +82,21 @@ fn full_jitter_is_uniform_under_the_cap_once_capped() {
 
 #[test]
 fn equal_jitter_is_uniform_on_the_upper_half() {
-    let d = ks_uniform(draws(&policy(JitterKind::Equal, 0.0), 10), 256_000.0, 512_000.0);
+    let d = ks_uniform(
+        draws(&policy(JitterKind::Equal, 0.0), 10),
+        256_000.0,
+        512_000.0,
+    );
     assert!(d < ks_critical(SAMPLES), "KS distance {d}");
 }
 
 #[test]
 fn proportional_jitter_is_uniform_around_the_delay() {
-    let d = ks_uniform(draws(&policy(JitterKind::Proportional, 0.2), 10), 409_600.0, 614_400.0);
+    let d = ks_uniform(
+        draws(&policy(JitterKind::Proportional, 0.2), 10),
+        409_600.0,
+        614_400.0,
+    );
     assert!(d < ks_critical(SAMPLES), "KS distance {d}");
 }
 

@@ -29,7 +29,10 @@ fn api_server_rejections(schema: &Value, object: &Value) -> Vec<String> {
     let openapi = to_json_schema(schema.clone());
     let validator = jsonschema::draft4::new(&openapi).expect("the CRD schema compiles");
     for error in validator.iter_errors(object) {
-        fields.push(pointer_to_path(&error.instance_path().to_string(), &error.to_string()));
+        fields.push(pointer_to_path(
+            &error.instance_path().to_string(),
+            &error.to_string(),
+        ));
     }
     unknown_fields(schema, object, String::new(), &mut fields);
     fields
@@ -70,10 +73,15 @@ fn unknown_fields(schema: &Value, object: &Value, at: String, out: &mut Vec<Stri
                 return;
             };
             for (key, value) in map {
-                let path = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+                let path = if at.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
                 match props.get(key) {
                     Some(sub) => unknown_fields(sub, value, path, out),
-                    None if at.is_empty() && matches!(key.as_str(), "apiVersion" | "kind" | "metadata") => {}
+                    None if at.is_empty()
+                        && matches!(key.as_str(), "apiVersion" | "kind" | "metadata") => {}
                     None => out.push(path),
                 }
             }
@@ -108,10 +116,14 @@ fn rust_rejects_each_invalid_policy_naming_the_field() {
     let values = documents(FIXTURE);
     assert_eq!(docs.len(), values.len());
     for (doc, value) in docs.iter().zip(&values) {
-        let expected = value["metadata"]["annotations"][EXPECT].as_str().expect("annotated");
-        let errors = doc.result.as_ref().err().unwrap_or_else(|| {
-            panic!("{:?} was accepted by the Rust validator", doc.name)
-        });
+        let expected = value["metadata"]["annotations"][EXPECT]
+            .as_str()
+            .expect("annotated");
+        let errors = doc
+            .result
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("{:?} was accepted by the Rust validator", doc.name));
         assert!(
             errors.iter().any(|e| e.field == expected),
             "{:?}: expected an error on {expected}, got {errors:?}",
@@ -124,11 +136,18 @@ fn rust_rejects_each_invalid_policy_naming_the_field() {
 fn crd_rejects_each_invalid_policy_naming_the_field() {
     let schema = crd_schema();
     for value in documents(FIXTURE) {
-        let name = value["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-        let expected = value["metadata"]["annotations"][EXPECT].as_str().expect("annotated");
+        let name = value["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let expected = value["metadata"]["annotations"][EXPECT]
+            .as_str()
+            .expect("annotated");
         let fields = api_server_rejections(&schema, &value);
         assert!(
-            fields.iter().any(|f| f == expected || f.starts_with(&format!("{expected}["))),
+            fields
+                .iter()
+                .any(|f| f == expected || f.starts_with(&format!("{expected}["))),
             "{name}: the CRD should reject {expected}, it reported {fields:?}"
         );
     }
@@ -143,11 +162,20 @@ fn examples_pass_both_validators() {
         let path = entry.expect("dir entry").path();
         let text = std::fs::read_to_string(&path).expect("readable");
         for doc in parse_manifests(&text).expect("YAML") {
-            assert!(doc.result.is_ok(), "{}: {:?}", path.display(), doc.result.err());
+            assert!(
+                doc.result.is_ok(),
+                "{}: {:?}",
+                path.display(),
+                doc.result.err()
+            );
         }
         for value in documents(&text) {
             let fields = api_server_rejections(&schema, &value);
-            assert!(fields.is_empty(), "{}: CRD rejects {fields:?}", path.display());
+            assert!(
+                fields.is_empty(),
+                "{}: CRD rejects {fields:?}",
+                path.display()
+            );
             seen += 1;
         }
     }
@@ -179,8 +207,14 @@ fn other_kinds_and_empty_documents_are_skipped() {
 fn wrong_api_version_and_bad_name_are_reported() {
     let text = "apiVersion: rebound.dev/v1\nkind: RetryPolicy\nmetadata: {name: a}\nspec: {queues: [a]}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: Bad_Name}\nspec: {queues: [a]}\n";
     let docs = parse_manifests(text).expect("YAML");
-    assert_eq!(docs[0].result.as_ref().err().map(|e| e[0].field.as_str()), Some("apiVersion"));
-    assert_eq!(docs[1].result.as_ref().err().map(|e| e[0].field.as_str()), Some("metadata.name"));
+    assert_eq!(
+        docs[0].result.as_ref().err().map(|e| e[0].field.as_str()),
+        Some("apiVersion")
+    );
+    assert_eq!(
+        docs[1].result.as_ref().err().map(|e| e[0].field.as_str()),
+        Some("metadata.name")
+    );
 }
 
 #[test]

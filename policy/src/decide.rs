@@ -245,8 +245,10 @@ impl Replay {
         }
         while self.retry < k {
             self.retry += 1;
-            let high = 3.0 * self.previous;
-            self.previous = (base + (high - base) * draws.unit(self.retry)).min(cap);
+            // base + u·(3·prev − base), arranged so only one multiply-add depends on the
+            // previous step: the draws are computed off the critical path.
+            let u = draws.unit(self.retry);
+            self.previous = (base * (1.0 - u) + 3.0 * u * self.previous).min(cap);
         }
         self.previous
     }

@@ -226,31 +226,80 @@ fn exponential(base: f64, multiplier: f64, k: u32) -> f64 {
 }
 
 /// Where a replay of decorrelated jitter stopped, so a caller walking retries 1, 2, 3…
-/// takes one step per retry instead of replaying from the start.
+/// (simulation) does a few steps per retry instead of replaying from the start.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Replay {
-    retry: u32,
-    previous: f64,
+    /// Retries folded in so far; always a multiple of [`CHUNK`].
+    folded: u32,
+    value: f64,
+}
+
+/// Retries folded into one map before it is applied; see [`Replay::decorrelated`].
+const CHUNK: u32 = 4;
+
+/// One decorrelated step as a map `x ↦ min(cap, add + mul·x)`. Composing two such maps
+/// (with `mul ≥ 0`) gives another, which lets a replay fold independent steps together
+/// and shorten the chain of dependent arithmetic fourfold.
+#[derive(Clone, Copy)]
+struct StepMap {
+    add: f64,
+    mul: f64,
+    cap: f64,
+}
+
+impl StepMap {
+    /// `uniform(base, 3x) = base + u·(3x − base) = base·(1 − u) + 3u·x`, capped.
+    fn step(base: f64, cap: f64, u: f64) -> Self {
+        Self {
+            add: base * (1.0 - u),
+            mul: 3.0 * u,
+            cap,
+        }
+    }
+
+    /// `self ∘ inner`: `min(c₂, a₂ + m₂·min(c₁, a₁ + m₁x)) = min(min(c₂, a₂ + m₂c₁), a₂ + m₂a₁ + m₂m₁x)`.
+    fn after(self, inner: StepMap) -> Self {
+        Self {
+            add: self.add + self.mul * inner.add,
+            mul: self.mul * inner.mul,
+            cap: self.cap.min(self.add + self.mul * inner.cap),
+        }
+    }
+
+    fn apply(self, x: f64) -> f64 {
+        (self.add + self.mul * x).min(self.cap)
+    }
 }
 
 impl Replay {
     /// Brooker's decorrelated jitter, replayed from retry 1 so no state is stored:
     /// `d₀ = base`, `dᵢ = min(cap, uniform(base, 3·dᵢ₋₁))`.
+    ///
+    /// The value for retry `k` is defined as: whole chunks of [`CHUNK`] steps, each folded
+    /// into one map (pairwise, in a fixed order) and applied in turn, then the remaining
+    /// `k mod CHUNK` steps one by one. Every caller computes it this way, so answers are
+    /// identical everywhere; the folding only changes float rounding, never the law.
     fn decorrelated(&mut self, base: f64, cap: f64, k: u32, draws: &Draws) -> f64 {
-        if self.retry == 0 || self.retry > k {
+        let whole = k - k % CHUNK;
+        if self.folded == 0 || self.folded > whole {
             *self = Replay {
-                retry: 0,
-                previous: base,
+                folded: 0,
+                value: base,
             };
         }
-        while self.retry < k {
-            self.retry += 1;
-            // base + u·(3·prev − base), arranged so only one multiply-add depends on the
-            // previous step: the draws are computed off the critical path.
-            let u = draws.unit(self.retry);
-            self.previous = (base * (1.0 - u) + 3.0 * u * self.previous).min(cap);
+        let step = |i: u32| StepMap::step(base, cap, draws.unit(i));
+        while self.folded < whole {
+            let i = self.folded;
+            let first = step(i + 2).after(step(i + 1));
+            let second = step(i + 4).after(step(i + 3));
+            self.value = second.after(first).apply(self.value);
+            self.folded += CHUNK;
         }
-        self.previous
+        let mut value = self.value;
+        for i in whole + 1..=k {
+            value = step(i).apply(value);
+        }
+        value
     }
 }
 

@@ -349,3 +349,25 @@ fn retry_after_is_a_floor_bounded_by_the_cap() {
     assert_eq!(retry_delay(decide(&p, 1, &with(500))), 1_000);
     assert_eq!(retry_delay(decide(&p, 1, &with(3_600_000))), 30_000);
 }
+
+#[test]
+fn walking_a_schedule_gives_the_same_answers_as_fresh_decisions() {
+    use rebound_policy::decide::{Draws, Replay, decide_with};
+    for strategy in [Strategy::Decorrelated, Strategy::Exponential] {
+        let p = Policy::new("ns/p", policy(strategy, JitterKind::Full, 100, 2.0, 60_000));
+        let ctx = Context::default();
+        let draws = Draws::from_seed(7);
+        let mut walking = Replay::default();
+        for k in 1..=70 {
+            let walked = decide_with(&p, k, &ctx, &draws, &mut walking);
+            let fresh = decide_with(&p, k, &ctx, &draws, &mut Replay::default());
+            assert_eq!(walked, fresh, "{strategy:?} retry {k}");
+        }
+        // And backwards, as a hook asked about an older attempt again would.
+        for k in (1..=70).rev() {
+            let walked = decide_with(&p, k, &ctx, &draws, &mut walking);
+            let fresh = decide_with(&p, k, &ctx, &draws, &mut Replay::default());
+            assert_eq!(walked, fresh, "{strategy:?} retry {k} (backwards)");
+        }
+    }
+}

@@ -9,7 +9,7 @@
 # script without --stop-only) starts it again on the same port.
 set -euo pipefail
 cp_script_name=apiserver-restart
-# shellcheck source=lib/controlplane.sh
+# shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
 stop_only=0

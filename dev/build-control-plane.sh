@@ -113,6 +113,7 @@ log "building kube-apiserver + kubectl $k8s_version and etcd $etcd_version with 
 log "a cold build takes several minutes on 2 cores"
 start=$SECONDS
 tmp_bin="$(mktemp -d "$version_dir/bin.tmp.XXXXXX")"
+chmod 755 "$tmp_bin"
 trap 'rm -rf "$tmp_bin"' EXIT
 
 build_flags=(-p "$jobs" -trimpath -tags "$tags")

@@ -8,7 +8,7 @@
 # --keep-state stops the processes but keeps certificates, data and logs.
 set -euo pipefail
 cp_script_name=cluster-down
-# shellcheck source=lib/controlplane.sh
+# shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
 keep=0

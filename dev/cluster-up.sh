@@ -15,7 +15,7 @@
 #                             dev/build-control-plane.sh cache; built if missing)
 set -euo pipefail
 cp_script_name=cluster-up
-# shellcheck source=lib/controlplane.sh
+# shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
 case "${1:-}" in

@@ -10,7 +10,7 @@
 #     system:serviceaccounts system:serviceaccounts:ns1 /tmp/operator.kubeconfig
 set -euo pipefail
 cp_script_name=mint-user-kubeconfig
-# shellcheck source=lib/controlplane.sh
+# shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
 if (($# < 3)); then

@@ -38,7 +38,8 @@ cp_lock_state() {
   fi
 }
 
-# True if the PID in $1 (a pid file) is alive and runs the binary named $2.
+# True if the PID in $1 (a pid file in a state dir) is alive and runs the binary named
+# $2 with arguments that point into that state dir (so a reused PID never matches).
 cp_pid_alive() {
   local pidfile="$1" name="$2" pid cmd
   [[ -f "$pidfile" ]] || return 1
@@ -46,7 +47,19 @@ cp_pid_alive() {
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   [[ -r "/proc/$pid/cmdline" ]] || return 1
   cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
-  [[ "$cmd" == *"/$name "* ]]
+  [[ "$cmd" == *"/$name "* && "$cmd" == *"$(dirname "$pidfile")/"* ]]
+}
+
+# After `setsid BIN ... &`, waits until the child has exec'd BIN (its cmdline shows it).
+cp_wait_exec() {
+  local pid="$1" name="$2" i cmd
+  for ((i = 0; i < 100; i++)); do
+    [[ -r "/proc/$pid/cmdline" ]] || return 1
+    cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+    [[ "$cmd" == *"/$name "* ]] && return 0
+    sleep 0.05
+  done
+  return 1
 }
 
 # Stops the process recorded in pid file $1 if it is still the binary $2; waits for it.
@@ -205,8 +218,9 @@ cp_start_etcd() {
       --initial-cluster="rebound-dev=http://127.0.0.1:$ETCD_PEER_PORT" \
       --unsafe-no-fsync=true \
       --log-level=warn \
-      </dev/null >>"$state/logs/etcd.log" 2>&1 &
+      </dev/null >>"$state/logs/etcd.log" 2>&1 8>&- &
     echo "$!" >"$state/etcd.pid"
+    cp_wait_exec "$!" etcd || true
     for ((i = 0; i < 300; i++)); do
       if ! cp_pid_alive "$state/etcd.pid" etcd; then
         break
@@ -217,8 +231,8 @@ cp_start_etcd() {
       sleep 0.1
     done
     cp_stop_pid "$state/etcd.pid" etcd
-    if tail -n 20 "$state/logs/etcd.log" | grep -q "address already in use" && [[ ! -d "$state/etcd-data/member" ]]; then
-      cp_log "etcd port taken; retrying with other ports"
+    if tail -n 20 "$state/logs/etcd.log" | grep -q "address already in use"; then
+      cp_log "etcd port $ETCD_CLIENT_PORT or $ETCD_PEER_PORT is taken; retrying with other ports"
       ETCD_CLIENT_PORT=""
       continue
     fi
@@ -259,14 +273,15 @@ cp_start_apiserver() {
       --disable-admission-plugins=ServiceAccount \
       --endpoint-reconciler-type=none \
       --profiling=false \
-      </dev/null >>"$state/logs/kube-apiserver.log" 2>&1 &
+      </dev/null >>"$state/logs/kube-apiserver.log" 2>&1 8>&- &
     echo "$!" >"$state/kube-apiserver.pid"
+    cp_wait_exec "$!" kube-apiserver || true
     if cp_wait_apiserver "$state"; then
       return 0
     fi
     cp_stop_pid "$state/kube-apiserver.pid" kube-apiserver
-    if tail -n 50 "$state/logs/kube-apiserver.log" | grep -q 'address already in use' && [[ ! -f "$state/kubeconfig" ]]; then
-      cp_log "API server port taken; retrying with another port"
+    if tail -n 50 "$state/logs/kube-apiserver.log" | grep -q 'address already in use'; then
+      cp_log "API server port $APISERVER_PORT is taken; retrying with another port (the kubeconfig changes)"
       APISERVER_PORT=""
       continue
     fi

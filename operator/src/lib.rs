@@ -1,1 +1,30 @@
-//! Rebound operator (placeholder until the operator lands).
+//! Rebound operator: watches RetryPolicies, compiles each namespace with
+//! [`rebound_policy::compile`] into one ConfigMap, and reports status, events and metrics.
+//!
+//! Everything that decides something about a policy lives in `rebound-policy`; this crate
+//! only moves data between the API server and that crate. The pure parts (status, plans,
+//! triggers, backoff) are separate modules with plain unit tests; [`reconcile`] and
+//! [`controller`] do the I/O.
+
+pub mod backoff;
+pub mod config;
+pub mod configmap;
+pub mod controller;
+pub mod error;
+pub mod events;
+pub mod freshness;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod objects;
+pub mod reconcile;
+pub mod status;
+pub mod summary;
+pub mod triggers;
+pub mod writes;
+
+pub use config::Config;
+pub use error::Error;
+
+/// Field manager of every write the operator makes (server-side apply and creates).
+pub const FIELD_MANAGER: &str = "rebound-operator";

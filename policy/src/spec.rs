@@ -84,7 +84,8 @@ pub struct RetryPolicySpec {
 
     /// Runs allowed including the first; 5 means 4 retries. Default 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 10000))]
+    // The API server knows int32/int64 formats, not uint32.
+    #[schemars(range(min = 1, max = 10000), with = "Option<i32>")]
     pub max_attempts: Option<u32>,
 
     /// Give up when the next run would start later than this after the first failure.
@@ -247,6 +248,7 @@ pub struct Condition {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ScheduleSummary {
+    #[schemars(with = "i32")]
     pub max_attempts: u32,
     pub cap: String,
     pub give_up_after: GiveUpAfter,

@@ -6,7 +6,8 @@
 //! 2. Otherwise `dev/build-control-plane.sh` builds the binaries if they are not cached
 //!    yet (a cold build takes several minutes) and `dev/cluster-up.sh STATE_DIR` starts
 //!    the cluster, or only checks it if it is already up. `STATE_DIR` is
-//!    `REBOUND_CLUSTER_STATE_DIR`, by default `<repo>/.state/cluster`. Both scripts hold
+//!    `REBOUND_CLUSTER_STATE_DIR` (relative paths are taken from the repository root), by
+//!    default `<repo>/.state/cluster`. Both scripts hold
 //!    file locks, so several test binaries running at once share one cluster.
 //! 3. Every `crds/*.yaml` is applied with `kubectl apply --server-side` and waited on
 //!    until `Established`.
@@ -102,42 +103,67 @@ impl Cluster {
     }
 
     fn bring_up() -> Result<Cluster> {
-        let started = Instant::now();
-        let root = repo_root();
-        let (kubeconfig, state_dir, bin_dir) = match std::env::var_os("REBOUND_KUBECONFIG") {
+        match std::env::var_os("REBOUND_KUBECONFIG") {
             Some(path) if !path.is_empty() => {
+                let started = Instant::now();
+                let path = repo_root().join(path);
                 let bin_dir = run_script(
-                    &root.join("dev/build-control-plane.sh"),
+                    &repo_root().join("dev/build-control-plane.sh"),
                     ["--print-bin-dir"],
                 )
                 .ok()
                 .map(PathBuf::from);
-                (PathBuf::from(path), None, bin_dir)
+                Cluster::prepare(path, None, bin_dir.as_deref(), started)
             }
             _ => {
                 let state_dir = match std::env::var_os("REBOUND_CLUSTER_STATE_DIR") {
-                    Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-                    _ => root.join(".state/cluster"),
+                    // Relative to the repository root, wherever cargo runs the test from.
+                    Some(dir) if !dir.is_empty() => repo_root().join(dir),
+                    _ => repo_root().join(".state/cluster"),
                 };
-                let bin_dir = PathBuf::from(run_script(
-                    &root.join("dev/build-control-plane.sh"),
-                    std::iter::empty::<&str>(),
-                )?);
-                let kubeconfig = PathBuf::from(run_script(
-                    &root.join("dev/cluster-up.sh"),
-                    [state_dir.as_os_str()],
-                )?);
-                (kubeconfig, Some(state_dir), Some(bin_dir))
+                Cluster::start(&state_dir)
             }
+        }
+    }
+
+    /// Builds the binaries if needed, starts (or reuses) the cluster of `state_dir` and
+    /// installs the CRDs.
+    fn start(state_dir: &Path) -> Result<Cluster> {
+        let started = Instant::now();
+        let root = repo_root();
+        let bin_dir = match std::env::var_os("REBOUND_CONTROLPLANE_BIN") {
+            // Binaries from elsewhere: cluster-up.sh uses them too, nothing to build.
+            Some(dir) if !dir.is_empty() => repo_root().join(dir),
+            _ => PathBuf::from(run_script(
+                &root.join("dev/build-control-plane.sh"),
+                std::iter::empty::<&str>(),
+            )?),
         };
+        let kubeconfig = PathBuf::from(run_script(
+            &root.join("dev/cluster-up.sh"),
+            [state_dir.as_os_str()],
+        )?);
+        // cluster-up.sh prints STATE_DIR/kubeconfig with STATE_DIR made absolute.
+        let state_dir = kubeconfig
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| state_dir.to_path_buf());
+        Cluster::prepare(kubeconfig, Some(state_dir), Some(&bin_dir), started)
+    }
+
+    fn prepare(
+        kubeconfig: PathBuf,
+        state_dir: Option<PathBuf>,
+        bin_dir: Option<&Path>,
+        started: Instant,
+    ) -> Result<Cluster> {
         if !kubeconfig.is_file() {
             bail!("kubeconfig {} does not exist", kubeconfig.display());
         }
-        let kubectl = pick_kubectl(bin_dir.as_deref());
         let mut cluster = Cluster {
             kubeconfig,
             state_dir,
-            kubectl,
+            kubectl: pick_kubectl(bin_dir),
             crds: Vec::new(),
         };
         cluster
@@ -165,7 +191,7 @@ impl Cluster {
             let mut last_err = None;
             // Another test binary may apply the same CRD at the same moment.
             for _ in 0..3 {
-                let out = self.kubectl_os([
+                let out = self.kubectl([
                     OsStr::new("apply"),
                     OsStr::new("--server-side"),
                     OsStr::new("--field-manager"),
@@ -240,13 +266,6 @@ impl Cluster {
         self.kubectl_with_stdin(args, None)
     }
 
-    fn kubectl_os<'a, I>(&self, args: I) -> Result<CmdOutput>
-    where
-        I: IntoIterator<Item = &'a OsStr>,
-    {
-        self.kubectl_with_stdin(args, None)
-    }
-
     /// Runs kubectl with `input` on its standard input (e.g. `apply -f -`).
     pub fn kubectl_stdin<I, S>(&self, args: I, input: &str) -> Result<CmdOutput>
     where
@@ -277,9 +296,12 @@ impl Cluster {
             .with_context(|| format!("could not run {}", self.kubectl.display()))?;
         if let Some(input) = input {
             let mut stdin = child.stdin.take().context("kubectl stdin is not piped")?;
-            stdin
-                .write_all(input.as_bytes())
-                .context("writing to kubectl's stdin")?;
+            // kubectl may exit before reading its input (e.g. a bad flag): its output says why.
+            if let Err(e) = stdin.write_all(input.as_bytes())
+                && e.kind() != std::io::ErrorKind::BrokenPipe
+            {
+                return Err(e).context("writing to kubectl's stdin");
+            }
         }
         let out = child.wait_with_output().context("waiting for kubectl")?;
         Ok(CmdOutput {
@@ -287,6 +309,23 @@ impl Cluster {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
+    }
+
+    /// Writes a kubeconfig for `user` (client certificate with CN = `user`, O = `groups`)
+    /// into the state dir, e.g. `system:serviceaccount:<ns>:<name>` with the groups
+    /// `system:serviceaccounts` and `system:serviceaccounts:<ns>`.
+    ///
+    /// Needs the cluster's CA key, so not available with `REBOUND_KUBECONFIG`.
+    pub fn mint_user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        let state_dir = self.state_dir.as_deref().context(
+            "minting user certificates needs the cluster's state dir (not available with REBOUND_KUBECONFIG)",
+        )?;
+        let out = state_dir.join(format!("{}.kubeconfig", unique_name(user)));
+        let mut args: Vec<std::ffi::OsString> = vec![state_dir.into(), user.into()];
+        args.extend(groups.iter().map(Into::into));
+        args.push(out.clone().into());
+        run_script(&repo_root().join("dev/mint-user-kubeconfig.sh"), args)?;
+        Ok(out)
     }
 
     /// A new `kube::Client` for the admin user. Create one per test (per tokio runtime).
@@ -310,6 +349,70 @@ impl Cluster {
             .await
             .with_context(|| format!("creating namespace {name}"))?;
         Ok(name)
+    }
+}
+
+/// A cluster of its own for a test that disrupts it (e.g. restarts the API server).
+/// Stopped and its state dir removed when dropped.
+pub struct DedicatedCluster {
+    cluster: Cluster,
+    state_dir: PathBuf,
+}
+
+impl DedicatedCluster {
+    /// Starts a new cluster in `state_dir` (which should not be in use) and installs the CRDs.
+    pub fn start(state_dir: &Path) -> Result<DedicatedCluster> {
+        let cluster = Cluster::start(state_dir)?;
+        Ok(DedicatedCluster {
+            cluster,
+            state_dir: state_dir.to_path_buf(),
+        })
+    }
+
+    /// Stops only the API server (etcd keeps running); clients see connection errors.
+    pub fn stop_apiserver(&self) -> Result<()> {
+        run_script(
+            &repo_root().join("dev/apiserver-restart.sh"),
+            [OsStr::new("--stop-only"), self.state_dir.as_os_str()],
+        )
+        .map(drop)
+    }
+
+    /// Starts the API server again on the same port with the same certificates.
+    pub fn start_apiserver(&self) -> Result<()> {
+        run_script(
+            &repo_root().join("dev/cluster-up.sh"),
+            [self.state_dir.as_os_str()],
+        )
+        .map(drop)
+    }
+
+    /// Stops and starts the API server; returns when it is ready again.
+    pub fn restart_apiserver(&self) -> Result<()> {
+        run_script(
+            &repo_root().join("dev/apiserver-restart.sh"),
+            [self.state_dir.as_os_str()],
+        )
+        .map(drop)
+    }
+}
+
+impl std::ops::Deref for DedicatedCluster {
+    type Target = Cluster;
+
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+impl Drop for DedicatedCluster {
+    fn drop(&mut self) {
+        if let Err(e) = run_script(
+            &repo_root().join("dev/cluster-down.sh"),
+            [self.state_dir.as_os_str()],
+        ) {
+            eprintln!("rebound-tests: stopping the dedicated cluster failed: {e:#}");
+        }
     }
 }
 
@@ -425,8 +528,8 @@ fn pick_kubectl(bin_dir: Option<&Path>) -> PathBuf {
     PathBuf::from("kubectl")
 }
 
-/// Runs a dev/ script; its stderr goes to ours (build progress), the last line of its
-/// stdout is returned.
+/// Runs a dev/ script; its stderr goes to ours (build progress), the last non-empty
+/// line of its stdout (or "") is returned.
 fn run_script<I, S>(script: &Path, args: I) -> Result<String>
 where
     I: IntoIterator<Item = S>,
@@ -447,10 +550,10 @@ where
             out.status
         );
     }
-    stdout
+    Ok(stdout
         .lines()
         .map(str::trim)
         .rfind(|l| !l.is_empty())
-        .map(String::from)
-        .ok_or_else(|| anyhow!("{} printed nothing", script.display()))
+        .unwrap_or_default()
+        .to_string())
 }

@@ -1,0 +1,330 @@
+//! Scale benchmark: 1,000 RetryPolicies across 10 namespaces against a real API server.
+//!
+//! Prints: time until every policy is Ready and every ConfigMap holds the final hash; the
+//! operator's peak RSS; single-policy update latency (apply → ConfigMap updated, as a
+//! watcher sees it) over 100 updates; API writes per minute at rest.
+//!
+//!   cargo build --release -p rebound-operator --bins --examples
+//!   target/release/examples/scale [--policies 1000] [--namespaces 10] [--updates 100] [--rest-secs 60]
+//!
+//! Starts a control plane of its own (dev/cluster-up.sh) so nothing else pollutes the
+//! API server's request counters, and stops it at the end.
+
+mod probe;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use rebound_policy::compiled::{CONFIGMAP_KEY, CompiledDocument};
+use rebound_policy::{PolicySource, RetryPolicy, RetryPolicySpec, compile};
+use rebound_tests::DedicatedCluster;
+use tokio::sync::mpsc;
+
+use probe::{Operator, apiserver_writes, cpu_seconds, free_port, rss_kib, scrape, wait_until};
+
+struct Args {
+    policies: usize,
+    namespaces: usize,
+    updates: usize,
+    rest_secs: u64,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        policies: 1000,
+        namespaces: 10,
+        updates: 100,
+        rest_secs: 60,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let value = pair
+            .get(1)
+            .ok_or_else(|| anyhow!("{} needs a value", pair[0]))?;
+        match pair[0].as_str() {
+            "--policies" => a.policies = value.parse()?,
+            "--namespaces" => a.namespaces = value.parse()?,
+            "--updates" => a.updates = value.parse()?,
+            "--rest-secs" => a.rest_secs = value.parse()?,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = args()?;
+    let operator_bin = std::env::current_exe()?
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("rebound-operator"))
+        .filter(|p| p.is_file())
+        .context(
+            "build the operator first: cargo build --release -p rebound-operator --bins --examples",
+        )?;
+    let dir = std::env::temp_dir().join(format!("rebound-scale-{}", std::process::id()));
+    let cluster = tokio::task::spawn_blocking(move || DedicatedCluster::start(&dir)).await??;
+    let client = cluster.client().await?;
+    let mut namespaces = Vec::new();
+    for i in 0..args.namespaces {
+        namespaces.push(
+            cluster
+                .create_namespace(&client, &format!("scale-{i}"))
+                .await?,
+        );
+    }
+
+    let metrics = free_port()?;
+    let log =
+        std::env::temp_dir().join(format!("rebound-scale-operator-{}.log", std::process::id()));
+    let mut operator = Operator::start(&operator_bin, cluster.kubeconfig(), metrics, &log)?;
+    wait_until("the operator to lead", Duration::from_secs(60), || {
+        Ok(scrape(metrics, "rebound_operator_leader")? == 1.0)
+    })
+    .await?;
+
+    // 1. Burst: all policies created at once (32 requests in flight).
+    let per_ns = args.policies / args.namespaces;
+    let started = Instant::now();
+    let creates = namespaces
+        .iter()
+        .flat_map(|ns| (0..per_ns).map(move |i| (ns.clone(), i)));
+    futures::stream::iter(creates)
+        .map(|(ns, i)| {
+            let api: Api<RetryPolicy> = Api::namespaced(client.clone(), &ns);
+            async move { api.create(&PostParams::default(), &make_policy(i)).await }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let created = started.elapsed();
+    let converged = loop {
+        if all_converged(&client, &namespaces, args.policies).await? {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("did not converge within 300s; log: {}", log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let hashes = final_hashes(&client, &namespaces).await?;
+
+    // 2. Update latency, one policy at a time.
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, Instant, HashMap<String, i64>)>();
+    let cms: Api<ConfigMap> = Api::all(client.clone());
+    let watch = tokio::spawn(async move {
+        let stream = watcher(
+            cms,
+            watcher::Config::default().fields("metadata.name=rebound-policies"),
+        )
+        .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(Ok(cm)) = stream.next().await {
+            let seen = Instant::now();
+            let Some(doc) = cm.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)) else {
+                continue;
+            };
+            let Ok(doc) = CompiledDocument::from_json(doc.as_bytes()) else {
+                continue;
+            };
+            let generations = doc
+                .policies
+                .iter()
+                .map(|p| (p.name.clone(), p.generation))
+                .collect();
+            if tx.send((doc.namespace, seen, generations)).is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    while rx.try_recv().is_ok() {}
+    let mut latencies = Vec::new();
+    for u in 0..args.updates {
+        let ns = &namespaces[u % namespaces.len()];
+        let name = format!("p{:03}", (u * 7) % per_ns);
+        let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+        let patch = serde_json::json!({"spec": {"maxAttempts": 30 + (u % 50)}});
+        let start = Instant::now();
+        let updated = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let generation = updated.metadata.generation.unwrap_or(0);
+        let deadline = start + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rx.recv()).await {
+                Ok(Some((doc_ns, seen, generations))) => {
+                    if &doc_ns == ns && generations.get(&name).is_some_and(|g| *g >= generation) {
+                        latencies.push(seen.duration_since(start));
+                        break;
+                    }
+                }
+                _ => bail!("update {u} of {ns}/{name} not seen within 30s"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    watch.abort();
+    latencies.sort();
+
+    // 3. At rest.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let op_before = scrape(metrics, "rebound_operator_api_writes_total")?;
+    let api_before = apiserver_writes(&cluster)?;
+    tokio::time::sleep(Duration::from_secs(args.rest_secs)).await;
+    let op_after = scrape(metrics, "rebound_operator_api_writes_total")?;
+    let api_after = apiserver_writes(&cluster)?;
+    let reconciles = scrape(metrics, "rebound_operator_reconciles_total")?;
+    let (peak_rss, rss) = rss_kib(operator.pid())?;
+    let cpu = cpu_seconds(operator.pid())?;
+    operator.stop();
+
+    let minutes = args.rest_secs as f64 / 60.0;
+    let quantile = |q: f64| {
+        let i = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    println!(
+        "policies: {} in {} namespaces",
+        args.policies, args.namespaces
+    );
+    println!("created (32 in flight): {:.2}s", created.as_secs_f64());
+    println!(
+        "converged (all Ready, all ConfigMaps final): {:.2}s after the first create, {:.2}s after the last",
+        converged.as_secs_f64(),
+        (converged - created).as_secs_f64()
+    );
+    println!(
+        "operator RSS: peak {:.1} MiB, now {:.1} MiB",
+        peak_rss as f64 / 1024.0,
+        rss as f64 / 1024.0
+    );
+    println!(
+        "update latency over {} updates: p50 {:.0}ms, p99 {:.0}ms, max {:.0}ms",
+        latencies.len(),
+        quantile(0.50),
+        quantile(0.99),
+        quantile(1.0)
+    );
+    println!(
+        "at rest ({}s): operator writes/min {:.1} (its own counter)",
+        args.rest_secs,
+        (op_after - op_before) / minutes
+    );
+    for (resource, after) in &api_after {
+        let before = api_before.get(resource).copied().unwrap_or(0.0);
+        println!(
+            "at rest: API server write requests/min on {resource}: {:.1}",
+            (after - before) / minutes
+        );
+    }
+    println!("reconciles so far: {reconciles}; operator CPU time: {cpu:.2}s");
+    for (ns, hash) in hashes {
+        println!("final hash {ns}: {hash}");
+    }
+    Ok(())
+}
+
+/// A varied but valid policy (every strategy in turn).
+fn make_policy(i: usize) -> RetryPolicy {
+    let backoff = match i % 5 {
+        0 => serde_json::json!({"strategy": "exponential", "base": "1s", "cap": "10m"}),
+        1 => {
+            serde_json::json!({"strategy": "linear", "base": "2s", "cap": "5m", "jitter": {"kind": "equal"}})
+        }
+        2 => {
+            serde_json::json!({"strategy": "constant", "base": "30s", "jitter": {"kind": "proportional", "ratio": 0.2}})
+        }
+        3 => serde_json::json!({"strategy": "decorrelated", "base": "500ms", "cap": "2m"}),
+        _ => serde_json::json!({"strategy": "schedule", "schedule": ["1s", "10s", "1m"]}),
+    };
+    let spec: RetryPolicySpec = serde_json::from_value(serde_json::json!({
+        "queues": [format!("queue-{i}"), format!("queue-{i}-*")],
+        "maxAttempts": 3 + i % 20,
+        "backoff": backoff,
+    }))
+    .unwrap_or_else(|e| panic!("benchmark policy {i}: {e}"));
+    RetryPolicy::new(&format!("p{i:03}"), spec)
+}
+
+async fn all_converged(client: &kube::Client, namespaces: &[String], total: usize) -> Result<bool> {
+    let all: Api<RetryPolicy> = Api::all(client.clone());
+    let list = all.list(&ListParams::default()).await?;
+    let ready = list
+        .items
+        .iter()
+        .filter(|p| {
+            let status = p.status.as_ref();
+            status.and_then(|s| s.observed_generation) == p.metadata.generation
+                && status.is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+        })
+        .count();
+    if ready < total {
+        return Ok(false);
+    }
+    for ns in namespaces {
+        let (actual, expected) = hashes(client, &list.items, ns).await?;
+        if actual.as_deref() != Some(expected.as_str()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// (hash in the ConfigMap, hash the policy crate computes from the API's policies).
+async fn hashes(
+    client: &kube::Client,
+    items: &[RetryPolicy],
+    ns: &str,
+) -> Result<(Option<String>, String)> {
+    let sources = items
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+        .map(|p| PolicySource {
+            name: p.metadata.name.clone().unwrap_or_default(),
+            namespace: ns.to_owned(),
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            generation: p.metadata.generation.unwrap_or(0),
+            created: p
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
+            spec: p.spec.clone(),
+        })
+        .collect();
+    let expected = compile(ns, sources).document.hash;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let actual = cms
+        .get_opt("rebound-policies")
+        .await?
+        .and_then(|cm| cm.data?.get(CONFIGMAP_KEY).cloned())
+        .and_then(|json| CompiledDocument::from_json(json.as_bytes()).ok())
+        .map(|d| d.hash);
+    Ok((actual, expected))
+}
+
+async fn final_hashes(
+    client: &kube::Client,
+    namespaces: &[String],
+) -> Result<Vec<(String, String)>> {
+    let all: Api<RetryPolicy> = Api::all(client.clone());
+    let items = all.list(&ListParams::default()).await?.items;
+    let mut out = Vec::new();
+    for ns in namespaces {
+        let (actual, _) = hashes(client, &items, ns).await?;
+        out.push((ns.clone(), actual.unwrap_or_default()));
+    }
+    Ok(out)
+}

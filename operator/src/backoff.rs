@@ -1,0 +1,160 @@
+//! Requeue-on-error delays, computed by the policy crate's decision function with a policy
+//! for the operator itself: the operator retries the way it tells workers to retry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rebound_policy::resolve::{Disposition, ResolvedPolicy};
+use rebound_policy::spec::{JitterKind, Strategy};
+use rebound_policy::{Context, Decision, Policy, decide};
+
+/// The operator's own retry policy for failed reconciles: exponential from 500ms,
+/// doubling, capped at 5m, full jitter, never giving up.
+pub fn operator_policy() -> Policy {
+    exponential("rebound-system/rebound-operator", 300_000)
+}
+
+/// Retry policy for re-establishing a watch: capped at 5s so the caches recover within
+/// seconds of the API server coming back, however long it was gone.
+pub fn watch_policy() -> Policy {
+    exponential("rebound-system/rebound-operator-watch", 5_000)
+}
+
+fn exponential(identity: &str, cap_ms: u64) -> Policy {
+    Policy::new(
+        identity,
+        ResolvedPolicy {
+            strategy: Strategy::Exponential,
+            base_ms: 500,
+            multiplier: 2.0,
+            cap_ms,
+            jitter: JitterKind::Full,
+            jitter_ratio: 0.0,
+            schedule_ms: Vec::new(),
+            max_attempts: rebound_policy::spec::limits::MAX_ATTEMPTS,
+            max_retry_duration_ms: None,
+            non_retryable_errors: Vec::new(),
+            terminal: Disposition::Drop,
+        },
+    )
+}
+
+/// Consecutive failures per key, turned into requeue delays.
+pub struct Requeue {
+    policy: Policy,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Default for Requeue {
+    fn default() -> Self {
+        Self {
+            policy: operator_policy(),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Requeue {
+    /// Records a failure of `key` and returns how long to wait before the next try. The
+    /// delay is deterministic per (key, failure count), like a worker's job id and attempt.
+    pub fn failed(&self, key: &str) -> Duration {
+        let attempt = {
+            let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+            let n = failures.entry(key.to_owned()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        let ctx = Context {
+            job_id: Some(key),
+            ..Context::default()
+        };
+        let ms = match decide(&self.policy, attempt, &ctx) {
+            Decision::Retry { delay_ms } => delay_ms,
+            // Past the attempt limit: keep retrying at the cap.
+            Decision::GiveUp { .. } => self.policy.params().cap_ms,
+        };
+        Duration::from_millis(ms)
+    }
+
+    /// Forgets the failures of `key` after a success.
+    pub fn succeeded(&self, key: &str) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.remove(key);
+    }
+}
+
+/// Watch-stream backoff for kube-runtime, driven by [`watch_policy`]; reset by the stream
+/// on every successful event.
+pub struct WatchBackoff {
+    policy: Policy,
+    key: String,
+    attempt: u32,
+}
+
+impl WatchBackoff {
+    pub fn new(key: impl Into<String>) -> Self {
+        Self {
+            policy: watch_policy(),
+            key: key.into(),
+            attempt: 0,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.attempt = self.attempt.saturating_add(1);
+        let ctx = Context {
+            job_id: Some(&self.key),
+            ..Context::default()
+        };
+        let ms = match decide(&self.policy, self.attempt, &ctx) {
+            Decision::Retry { delay_ms } => delay_ms,
+            Decision::GiveUp { .. } => self.policy.params().cap_ms,
+        };
+        Some(Duration::from_millis(ms))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_within_the_cap_and_resets() {
+        let r = Requeue::default();
+        let first = r.failed("ns");
+        assert!(first <= Duration::from_millis(500));
+        for _ in 0..30 {
+            assert!(r.failed("ns") <= Duration::from_secs(300));
+        }
+        r.succeeded("ns");
+        assert!(r.failed("ns") <= Duration::from_millis(500));
+    }
+
+    #[test]
+    fn watch_backoff_stays_under_five_seconds() {
+        let mut b = WatchBackoff::new("w");
+        assert!(
+            (0..50)
+                .filter_map(|_| b.next())
+                .all(|d| d <= Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn same_key_and_attempt_give_the_same_delay() {
+        let (a, b) = (Requeue::default(), Requeue::default());
+        assert_eq!(a.failed("x"), b.failed("x"));
+        assert!(operator_policy().params().check().is_ok());
+    }
+}

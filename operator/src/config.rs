@@ -1,0 +1,154 @@
+//! Command-line flags (each also readable from a `REBOUND_*` environment variable).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// The rebound-operator's settings.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "rebound-operator", version, about)]
+pub struct Config {
+    /// Namespaces to watch, comma separated; empty means all namespaces.
+    #[arg(long, env = "REBOUND_NAMESPACES", value_delimiter = ',', num_args = 0..)]
+    pub namespaces: Vec<String>,
+
+    /// Name of the ConfigMap written into each namespace. The RBAC in deploy/ names it too.
+    #[arg(
+        long,
+        env = "REBOUND_CONFIGMAP_NAME",
+        default_value = "rebound-policies"
+    )]
+    pub configmap_name: String,
+
+    /// Address of the /metrics, /livez and /readyz server.
+    #[arg(long, env = "REBOUND_METRICS_ADDR", default_value = "127.0.0.1:9090")]
+    pub metrics_addr: SocketAddr,
+
+    /// Elect a leader on a Lease so several replicas can run with one writer.
+    #[arg(long, env = "REBOUND_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the Lease; default: the pod's namespace (POD_NAMESPACE or the service
+    /// account mount), else `default`.
+    #[arg(long, env = "REBOUND_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// Name of the Lease.
+    #[arg(long, env = "REBOUND_LEASE_NAME", default_value = "rebound-operator")]
+    pub lease_name: String,
+
+    /// Seconds a leader holds the Lease without renewing it; the failover time.
+    #[arg(long, env = "REBOUND_LEASE_DURATION", default_value_t = 15)]
+    pub lease_duration: u64,
+
+    /// Seconds before expiry at which the leader renews (must be below the duration).
+    #[arg(long, env = "REBOUND_LEASE_GRACE", default_value_t = 5)]
+    pub lease_grace: u64,
+
+    /// Identity in the Lease; default: POD_NAME, else hostname and process id.
+    #[arg(long, env = "REBOUND_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// Period of the full resync that repairs drift nobody told us about.
+    #[arg(long, env = "REBOUND_RESYNC", default_value = "5m", value_parser = parse_duration)]
+    pub resync: Duration,
+
+    /// Namespaces reconciled at the same time.
+    #[arg(long, env = "REBOUND_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: u16,
+
+    /// Log format: `json` or `text`.
+    #[arg(long, env = "REBOUND_LOG_FORMAT", default_value = "json")]
+    pub log_format: String,
+}
+
+impl Config {
+    /// Checks what clap cannot: the lease timings.
+    pub fn check(&self) -> Result<(), String> {
+        if self.lease_grace == 0 || self.lease_grace >= self.lease_duration {
+            return Err(format!(
+                "--lease-grace ({}) must be above 0 and below --lease-duration ({})",
+                self.lease_grace, self.lease_duration
+            ));
+        }
+        if self.configmap_name.is_empty() {
+            return Err("--configmap-name must not be empty".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The namespaces to watch, or `None` for all.
+    pub fn scope(&self) -> Option<Vec<String>> {
+        let list: Vec<String> = self
+            .namespaces
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        (!list.is_empty()).then_some(list)
+    }
+
+    /// Namespace of the Lease, following the flag, then the pod environment.
+    pub fn lease_namespace(&self) -> String {
+        if let Some(ns) = self.lease_namespace.as_ref().filter(|n| !n.is_empty()) {
+            return ns.clone();
+        }
+        if let Ok(ns) = std::env::var("POD_NAMESPACE")
+            && !ns.is_empty()
+        {
+            return ns;
+        }
+        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".to_owned())
+    }
+
+    /// Identity in the Lease and in events' reporting instance.
+    pub fn identity(&self) -> String {
+        if let Some(id) = self.identity.as_ref().filter(|n| !n.is_empty()) {
+            return id.clone();
+        }
+        if let Ok(pod) = std::env::var("POD_NAME")
+            && !pod.is_empty()
+        {
+            return pod;
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "rebound-operator".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+}
+
+/// Parses a Kubernetes-style duration (`30s`, `5m`) with the policy crate's parser.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    rebound_policy::KubeDuration::parse(text)
+        .map(|d| Duration::from_millis(d.as_millis()))
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_scope() {
+        let c = Config::parse_from(["rebound-operator"]);
+        assert_eq!(c.configmap_name, "rebound-policies");
+        assert_eq!(c.scope(), None);
+        assert_eq!(c.resync, Duration::from_secs(300));
+        assert!(c.check().is_ok());
+        let c = Config::parse_from(["x", "--namespaces", "a,b", "--resync=30s"]);
+        assert_eq!(c.scope(), Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(c.resync, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn lease_timings_are_checked() {
+        let c = Config::parse_from(["x", "--lease-duration=5", "--lease-grace=5"]);
+        assert!(c.check().is_err());
+    }
+}

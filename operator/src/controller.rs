@@ -1,0 +1,230 @@
+//! Wiring: watch caches for RetryPolicies and ConfigMaps, a trigger stream keyed by
+//! namespace, and kube-runtime's `applier` (the engine behind `Controller`) to run the
+//! reconciles.
+//!
+//! The reconcile key is a namespace because the output (one ConfigMap) is per namespace. The
+//! applier needs a cache holding its keys, so it gets a small local `Store<Namespace>` that
+//! this module fills with the namespaces it has seen policies or ConfigMaps in (the
+//! Namespace API itself is never read). The applier then gives exactly the semantics
+//! wanted: one reconcile per namespace at a time, triggers merged while one runs, requeue
+//! after errors and periodic resync.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, TryStreamExt, stream::BoxStream};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DynamicObject, ObjectMeta};
+use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest, applier};
+use kube::runtime::reflector::{ObjectRef, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use tracing::{debug, info, warn};
+
+use crate::Config;
+use crate::backoff::{Requeue, WatchBackoff};
+use crate::events::Events;
+use crate::metrics::Metrics;
+use crate::objects::{policy_resource, slim};
+use crate::reconcile::{Context, Stores, error_policy, reconcile};
+use crate::triggers::Triggers;
+
+/// One item of the merged watch streams.
+enum Incoming {
+    Policy {
+        stream: usize,
+        scope: Option<String>,
+        event: watcher::Event<DynamicObject>,
+    },
+    ConfigMap {
+        stream: usize,
+        event: watcher::Event<ConfigMap>,
+    },
+    Error(watcher::Error),
+}
+
+/// Runs the controller until `stop` completes, then lets running reconciles finish.
+pub async fn run(
+    client: kube::Client,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    events: Events,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let scopes: Vec<Option<String>> = match config.scope() {
+        None => vec![None],
+        Some(list) => list.into_iter().map(Some).collect(),
+    };
+    let mut stores = Stores::default();
+    let mut streams: Vec<BoxStream<'static, Incoming>> = Vec::new();
+    let resource = policy_resource();
+    let cm_selector = format!("metadata.name={}", config.configmap_name);
+    for (stream, scope) in scopes.iter().enumerate() {
+        let policies: Api<DynamicObject> = match scope {
+            None => Api::all_with(client.clone(), &resource),
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        };
+        let writer = Writer::new(resource.clone());
+        stores.policies.push(writer.as_reader());
+        let scope_name = scope.clone();
+        streams.push(
+            watcher(policies, watcher::Config::default())
+                .backoff(WatchBackoff::new(format!("policies/{stream}")))
+                .map_ok(|e| e.modify(slim))
+                .reflect(writer)
+                .map(move |r| match r {
+                    Ok(event) => Incoming::Policy {
+                        stream,
+                        scope: scope_name.clone(),
+                        event,
+                    },
+                    Err(e) => Incoming::Error(e),
+                })
+                .boxed(),
+        );
+
+        let configmaps: Api<ConfigMap> = match scope {
+            None => Api::all(client.clone()),
+            Some(ns) => Api::namespaced(client.clone(), ns),
+        };
+        let writer = Writer::new(());
+        stores.configmaps.push(writer.as_reader());
+        streams.push(
+            watcher(configmaps, watcher::Config::default().fields(&cm_selector))
+                .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
+                .map_ok(|e| e.modify(slim))
+                .reflect(writer)
+                .map(move |r| match r {
+                    Ok(event) => Incoming::ConfigMap { stream, event },
+                    Err(e) => Incoming::Error(e),
+                })
+                .boxed(),
+        );
+    }
+
+    let mut keys = Writer::<Namespace>::new(());
+    let key_store = keys.as_reader();
+    let mut router = Router {
+        triggers: Triggers::default(),
+        synced: HashSet::new(),
+        streams: streams.len(),
+        ready: false,
+        keys: HashSet::new(),
+        metrics: metrics.clone(),
+    };
+    let queue = futures::stream::select_all(streams)
+        .flat_map(move |incoming| {
+            let requests = router.route(incoming, &mut keys);
+            futures::stream::iter(requests.into_iter().map(Ok::<_, Infallible>))
+        })
+        .take_until(stop);
+
+    let ctx = Arc::new(Context {
+        client,
+        config: config.clone(),
+        stores,
+        memory: Mutex::default(),
+        requeue: Requeue::default(),
+        metrics,
+        events,
+    });
+    let settings = controller::Config::default().concurrency(config.concurrency);
+    applier(
+        |key, ctx| Box::pin(reconcile(key, ctx)),
+        error_policy,
+        ctx,
+        key_store,
+        queue,
+        settings,
+    )
+    .for_each(|result| async move {
+        match result {
+            Ok((key, _)) => debug!(namespace = %key.name, "reconcile done"),
+            Err(controller::Error::ReconcilerFailed(..)) => {} // logged by the error policy
+            Err(e) => warn!(error = %e, "controller"),
+        }
+    })
+    .await;
+    info!("controller stopped");
+}
+
+/// Turns watch events into reconcile requests and keeps the key cache.
+struct Router {
+    triggers: Triggers,
+    /// Streams that finished their first list.
+    synced: HashSet<(bool, usize)>,
+    streams: usize,
+    ready: bool,
+    keys: HashSet<String>,
+    metrics: Arc<Metrics>,
+}
+
+impl Router {
+    fn route(
+        &mut self,
+        incoming: Incoming,
+        keys: &mut Writer<Namespace>,
+    ) -> Vec<ReconcileRequest<Namespace>> {
+        let (namespaces, why) = match incoming {
+            Incoming::Policy {
+                stream,
+                scope,
+                event,
+            } => {
+                if matches!(event, watcher::Event::InitDone) {
+                    self.synced.insert((true, stream));
+                }
+                let touched = self.triggers.policy(stream, scope.as_deref(), &event);
+                (touched, "RetryPolicy changed")
+            }
+            Incoming::ConfigMap { stream, event } => {
+                if matches!(event, watcher::Event::InitDone) {
+                    self.synced.insert((false, stream));
+                }
+                (self.triggers.configmap(&event), "ConfigMap changed")
+            }
+            Incoming::Error(e) => {
+                self.metrics.watch_error();
+                warn!(error = %e, "watch failed; retrying with backoff");
+                (Vec::new(), "")
+            }
+        };
+        for ns in &namespaces {
+            if self.keys.insert(ns.clone()) && self.ready {
+                keys.apply_watcher_event(&watcher::Event::Apply(key(ns)));
+            }
+        }
+        if !self.ready && self.synced.len() == self.streams {
+            // Every cache holds a full list: only now may reconciles run, or a namespace
+            // could be compiled from half its policies.
+            self.ready = true;
+            keys.apply_watcher_event(&watcher::Event::Init);
+            for ns in &self.keys {
+                keys.apply_watcher_event(&watcher::Event::InitApply(key(ns)));
+            }
+            keys.apply_watcher_event(&watcher::Event::InitDone);
+            self.metrics.set_ready(true);
+            info!(namespaces = self.keys.len(), "watch caches synced");
+        }
+        namespaces
+            .into_iter()
+            .map(|ns| ReconcileRequest {
+                obj_ref: ObjectRef::new(&ns),
+                reason: ReconcileReason::Custom {
+                    reason: why.to_owned(),
+                },
+            })
+            .collect()
+    }
+}
+
+fn key(namespace: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    }
+}

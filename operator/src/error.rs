@@ -1,0 +1,42 @@
+//! Errors of one reconcile; each one leads to a requeue with backoff.
+
+/// Why a namespace reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request to the API server failed (network, server error, forbidden, ...).
+    #[error("{action}: {source}")]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The object changed between our read and our write (precondition failed); the watch
+    /// event of that change brings a fresh view.
+    #[error("{0} changed while being written; retrying with a fresh view")]
+    Conflict(String),
+}
+
+impl Error {
+    pub fn api(action: impl Into<String>, source: kube::Error) -> Self {
+        Error::Api {
+            action: action.into(),
+            source,
+        }
+    }
+
+    /// Stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Api { .. } => "api",
+            Error::Conflict(_) => "conflict",
+        }
+    }
+}
+
+/// The HTTP status code of an API error, if the server answered.
+pub fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}

@@ -1,0 +1,177 @@
+//! What the operator reads from the API, parsed defensively.
+//!
+//! RetryPolicies are watched as untyped objects: one spec that the Rust types cannot even
+//! deserialize (an older CRD, disabled validation) must become an `InvalidSpec` status on
+//! that policy, not a watch error that stops every namespace.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ApiResource, DynamicObject};
+use kube::{Resource, ResourceExt};
+use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
+
+/// The RetryPolicy resource, for `Api<DynamicObject>`.
+pub fn policy_resource() -> ApiResource {
+    ApiResource::erase::<RetryPolicy>(&())
+}
+
+/// One RetryPolicy as the reconcile needs it.
+#[derive(Clone, Debug)]
+pub struct PolicyView {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub generation: i64,
+    pub resource_version: String,
+    /// Creation time in Unix seconds; older policies win ties.
+    pub created: Option<i64>,
+    /// Being deleted (a finalizer of someone else holds it): no longer compiled.
+    pub deleting: bool,
+    pub spec: Result<RetryPolicySpec, FieldError>,
+    /// `None` when absent or unreadable (then it is simply rewritten).
+    pub status: Option<RetryPolicyStatus>,
+}
+
+impl PolicyView {
+    /// `None` for objects without the metadata every stored object has.
+    pub fn from_dynamic(obj: &DynamicObject) -> Option<Self> {
+        let meta = obj.meta();
+        let spec = match obj.data.get("spec") {
+            Some(spec) => parse_spec(spec),
+            None => Err(FieldError {
+                field: "spec".to_owned(),
+                message: "is required".to_owned(),
+            }),
+        };
+        let status = obj
+            .data
+            .get("status")
+            .and_then(|s| serde_json::from_value::<RetryPolicyStatus>(s.clone()).ok());
+        Some(Self {
+            name: meta.name.clone()?,
+            namespace: meta.namespace.clone()?,
+            uid: meta.uid.clone()?,
+            generation: meta.generation.unwrap_or(0),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+            deleting: meta.deletion_timestamp.is_some(),
+            spec,
+            status,
+        })
+    }
+
+    /// What events and API calls name this policy by.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(RetryPolicy::api_version(&()).into_owned()),
+            kind: Some(RetryPolicy::kind(&()).into_owned()),
+            name: Some(self.name.clone()),
+            namespace: Some(self.namespace.clone()),
+            uid: Some(self.uid.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// Deserializes a spec, naming the offending field the way the API server would.
+fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> {
+    serde_path_to_error::deserialize::<_, RetryPolicySpec>(value).map_err(|e| {
+        let path = e.path().to_string();
+        FieldError {
+            field: if path == "." || path.is_empty() {
+                "spec".to_owned()
+            } else {
+                format!("spec.{path}")
+            },
+            message: e.into_inner().to_string(),
+        }
+    })
+}
+
+/// Drops what the operator never reads (managed fields, kubectl's last-applied copy) so
+/// the watch caches stay small.
+pub fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// The part of a ConfigMap the operator compares and preconditions on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigMapView {
+    pub uid: String,
+    pub resource_version: String,
+    /// Carries `app.kubernetes.io/managed-by: rebound-operator`.
+    pub managed: bool,
+    /// The compiled document, if present.
+    pub document: Option<String>,
+    pub hash_annotation: Option<String>,
+}
+
+impl ConfigMapView {
+    pub fn from_configmap(cm: &ConfigMap) -> Self {
+        Self {
+            uid: cm.uid().unwrap_or_default(),
+            resource_version: cm.resource_version().unwrap_or_default(),
+            managed: cm
+                .labels()
+                .get(crate::configmap::MANAGED_BY_LABEL)
+                .is_some_and(|v| v == crate::FIELD_MANAGER),
+            document: cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
+                .cloned(),
+            hash_annotation: cm
+                .annotations()
+                .get(crate::configmap::HASH_ANNOTATION)
+                .cloned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(spec: serde_json::Value) -> DynamicObject {
+        let mut obj = DynamicObject::new("p", &policy_resource())
+            .within("ns")
+            .data(json!({ "spec": spec }));
+        obj.metadata.uid = Some("u1".to_owned());
+        obj.metadata.generation = Some(3);
+        obj
+    }
+
+    #[test]
+    fn parses_a_valid_spec() {
+        let view = PolicyView::from_dynamic(&object(json!({"queues": ["a"]}))).expect("view");
+        assert_eq!(view.generation, 3);
+        assert!(view.spec.is_ok());
+        assert!(view.status.is_none());
+    }
+
+    #[test]
+    fn names_the_field_that_does_not_deserialize() {
+        let view = PolicyView::from_dynamic(&object(json!({"queues": ["a"], "maxAttempts": -1})))
+            .expect("view");
+        let err = view.spec.expect_err("must fail");
+        assert_eq!(err.field, "spec.maxAttempts");
+    }
+
+    #[test]
+    fn slim_drops_last_applied() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.annotations = Some(
+            [(
+                "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+                "{}".to_owned(),
+            )]
+            .into(),
+        );
+        slim(&mut cm);
+        assert!(cm.metadata.annotations.unwrap_or_default().is_empty());
+    }
+}

@@ -1,0 +1,334 @@
+//! The status a policy should have, as a pure function of what compiling its namespace did
+//! to it and the status it has now.
+//!
+//! Conditions follow the kstatus conventions so `kubectl wait --for=condition=Ready`, Flux
+//! and Argo CD understand them: `Ready`, plus `Reconciling` and `Stalled` (abnormal-true).
+//! `lastTransitionTime` is carried over unless the condition's status flips, so a status
+//! that did not change compares equal and is never written again.
+
+use rebound_policy::compiled::LostQueue;
+use rebound_policy::spec::{Condition, ScheduleSummary};
+use rebound_policy::{FieldError, RetryPolicyStatus};
+
+pub const READY: &str = "Ready";
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
+
+/// Condition and event reasons.
+pub mod reason {
+    pub const COMPILED: &str = "Compiled";
+    pub const CONFLICT: &str = "Conflict";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const CONFIGMAP_NOT_OWNED: &str = "ConfigMapNotOwned";
+    pub const DOCUMENT_TOO_LARGE: &str = "DocumentTooLarge";
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+}
+
+/// Longest condition message; a policy with many invalid fields gets the first ones.
+const MAX_MESSAGE: usize = 1024;
+
+/// What happened to one policy in its namespace's reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// In the ConfigMap, serving all of its queues.
+    Serving { serving: Vec<String> },
+    /// In the ConfigMap, but other policies won some of its queues.
+    Conflict {
+        serving: Vec<String>,
+        lost: Vec<LostQueue>,
+    },
+    /// Left out: the spec fails validation.
+    Invalid(Vec<FieldError>),
+    /// Valid, but the namespace's ConfigMap could not be written.
+    Blocked(Blocked),
+}
+
+/// Why a namespace's document was not written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Blocked {
+    /// A ConfigMap of that name exists without our managed-by label.
+    NotOwned { configmap: String },
+    /// The document would not fit in a ConfigMap.
+    TooLarge { bytes: usize, limit: usize },
+    /// The API server refused or failed the write; retried with backoff.
+    ApplyFailed { message: String },
+}
+
+/// A Kubernetes Event to emit for a status change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventNote {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// One condition: (status, reason, message).
+struct Wanted {
+    ready: (&'static str, &'static str, String),
+    reconciling: (&'static str, &'static str, String),
+    stalled: (&'static str, &'static str, String),
+}
+
+fn wanted(verdict: &Verdict, configmap: &str) -> Wanted {
+    let settled = |reason: &'static str| ("False", reason, String::new());
+    let stuck = |reason: &'static str, message: String| Wanted {
+        ready: ("False", reason, message.clone()),
+        reconciling: settled(reason),
+        stalled: ("True", reason, message),
+    };
+    match verdict {
+        Verdict::Serving { serving } => Wanted {
+            ready: (
+                "True",
+                reason::COMPILED,
+                format!(
+                    "compiled into ConfigMap {configmap}; serving {}",
+                    serving.join(", ")
+                ),
+            ),
+            reconciling: settled(reason::COMPILED),
+            stalled: settled(reason::COMPILED),
+        },
+        Verdict::Conflict { serving, lost } => {
+            let lost: Vec<String> = lost
+                .iter()
+                .map(|l| {
+                    format!(
+                        "queue {:?} is served by RetryPolicy {:?}",
+                        l.pattern, l.winner
+                    )
+                })
+                .collect();
+            let serving = if serving.is_empty() {
+                "serving no queues".to_owned()
+            } else {
+                format!("still serving {}", serving.join(", "))
+            };
+            stuck(reason::CONFLICT, format!("{}; {serving}", lost.join("; ")))
+        }
+        Verdict::Invalid(errors) => {
+            let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            stuck(reason::INVALID_SPEC, all.join("; "))
+        }
+        Verdict::Blocked(Blocked::NotOwned { configmap }) => stuck(
+            reason::CONFIGMAP_NOT_OWNED,
+            format!(
+                "ConfigMap {configmap} exists but is not managed by rebound-operator \
+                 (label app.kubernetes.io/managed-by=rebound-operator missing); \
+                 delete or rename it so the policies of this namespace can be written"
+            ),
+        ),
+        Verdict::Blocked(Blocked::TooLarge { bytes, limit }) => stuck(
+            reason::DOCUMENT_TOO_LARGE,
+            format!(
+                "the compiled policies of this namespace take {bytes} bytes, over the \
+                 {limit}-byte limit; ConfigMap {configmap} was left unchanged"
+            ),
+        ),
+        Verdict::Blocked(Blocked::ApplyFailed { message }) => Wanted {
+            ready: ("False", reason::APPLY_FAILED, message.clone()),
+            reconciling: ("True", reason::APPLY_FAILED, format!("retrying: {message}")),
+            stalled: settled(reason::APPLY_FAILED),
+        },
+    }
+}
+
+/// The status to write, given the current one (for `lastTransitionTime`) and `now`
+/// (RFC 3339).
+pub fn desired(
+    generation: i64,
+    verdict: &Verdict,
+    summary: Option<&ScheduleSummary>,
+    current: Option<&RetryPolicyStatus>,
+    now: &str,
+    configmap: &str,
+) -> RetryPolicyStatus {
+    let w = wanted(verdict, configmap);
+    let condition = |type_: &str, (status, reason, message): (&str, &str, String)| {
+        let since = current
+            .and_then(|c| c.conditions.iter().find(|c| c.type_ == type_))
+            .filter(|c| c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.to_owned());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: truncate(message),
+            observed_generation: Some(generation),
+            last_transition_time: since,
+        }
+    };
+    let summary = match verdict {
+        Verdict::Invalid(_) => None,
+        Verdict::Serving { serving } | Verdict::Conflict { serving, .. } => {
+            summary.cloned().map(|s| ScheduleSummary {
+                serving_queues: serving.clone(),
+                ..s
+            })
+        }
+        Verdict::Blocked(_) => summary.cloned(),
+    };
+    RetryPolicyStatus {
+        observed_generation: Some(generation),
+        conditions: vec![
+            condition(READY, w.ready),
+            condition(RECONCILING, w.reconciling),
+            condition(STALLED, w.stalled),
+        ],
+        summary,
+    }
+}
+
+/// The event that tells people about a status change: when the generation or what the
+/// Ready condition says changes. Nothing while the status stays the same, so resyncs and
+/// restarts emit nothing.
+pub fn event(
+    verdict: &Verdict,
+    previous: Option<&RetryPolicyStatus>,
+    desired: &RetryPolicyStatus,
+) -> Option<EventNote> {
+    let ready = |s: &RetryPolicyStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let changed = previous.is_none_or(|p| {
+        p.observed_generation != desired.observed_generation || ready(p) != ready(desired)
+    });
+    if !changed {
+        return None;
+    }
+    let note = ready(desired).map(|(_, _, m)| m).unwrap_or_default();
+    let (warning, reason) = match verdict {
+        Verdict::Serving { .. } => (false, reason::COMPILED),
+        Verdict::Conflict { .. } => (true, reason::CONFLICT),
+        Verdict::Invalid(_) => (true, reason::INVALID_SPEC),
+        Verdict::Blocked(Blocked::NotOwned { .. }) => (true, reason::CONFIGMAP_NOT_OWNED),
+        Verdict::Blocked(Blocked::TooLarge { .. }) => (true, reason::DOCUMENT_TOO_LARGE),
+        Verdict::Blocked(Blocked::ApplyFailed { .. }) => (true, reason::APPLY_FAILED),
+    };
+    Some(EventNote {
+        warning,
+        reason,
+        note,
+    })
+}
+
+fn truncate(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - 3;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...");
+    }
+    message
+}
+
+/// The current time as Kubernetes writes it in conditions (RFC 3339, whole seconds).
+pub fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| now.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serving() -> Verdict {
+        Verdict::Serving {
+            serving: vec!["emails".to_owned()],
+        }
+    }
+
+    fn ready(s: &RetryPolicyStatus) -> &Condition {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .expect("Ready condition")
+    }
+
+    #[test]
+    fn ready_policy_is_ready_and_not_stalled() {
+        let s = desired(2, &serving(), None, None, "T1", "cm");
+        assert_eq!(s.observed_generation, Some(2));
+        assert_eq!(ready(&s).status, "True");
+        assert_eq!(ready(&s).observed_generation, Some(2));
+        assert!(
+            s.conditions
+                .iter()
+                .filter(|c| c.type_ != READY)
+                .all(|c| c.status == "False")
+        );
+    }
+
+    #[test]
+    fn unchanged_status_is_equal_and_keeps_its_transition_time() {
+        let first = desired(2, &serving(), None, None, "T1", "cm");
+        let again = desired(2, &serving(), None, Some(&first), "T2", "cm");
+        assert_eq!(first, again);
+        assert_eq!(event(&serving(), Some(&first), &again), None);
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let first = desired(2, &serving(), None, None, "T1", "cm");
+        let invalid = Verdict::Invalid(vec![FieldError {
+            field: "spec.backoff.cap".to_owned(),
+            message: "cap must be at least base".to_owned(),
+        }]);
+        let second = desired(3, &invalid, None, Some(&first), "T2", "cm");
+        assert_eq!(ready(&second).status, "False");
+        assert_eq!(ready(&second).last_transition_time, "T2");
+        assert_eq!(ready(&second).reason, reason::INVALID_SPEC);
+        // Reconciling stays False: its transition time does not move.
+        let rec = |s: &RetryPolicyStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == RECONCILING)
+                .map(|c| c.last_transition_time.clone())
+        };
+        assert_eq!(rec(&second), Some("T1".to_owned()));
+        let note = event(&invalid, Some(&first), &second).expect("event");
+        assert!(note.warning);
+        assert_eq!(note.reason, reason::INVALID_SPEC);
+        assert!(second.summary.is_none());
+    }
+
+    #[test]
+    fn conflict_names_the_winner_and_stalls() {
+        let v = Verdict::Conflict {
+            serving: vec![],
+            lost: vec![LostQueue {
+                pattern: "emails".to_owned(),
+                winner: "older".to_owned(),
+            }],
+        };
+        let s = desired(1, &v, None, None, "T", "cm");
+        assert!(ready(&s).message.contains("\"older\""));
+        let stalled = s.conditions.iter().find(|c| c.type_ == STALLED);
+        assert_eq!(stalled.map(|c| c.status.as_str()), Some("True"));
+    }
+
+    #[test]
+    fn a_new_generation_emits_compiled_once() {
+        let first = desired(1, &serving(), None, None, "T", "cm");
+        let second = desired(2, &serving(), None, Some(&first), "T", "cm");
+        let note = event(&serving(), Some(&first), &second).expect("event");
+        assert_eq!(note.reason, reason::COMPILED);
+        assert!(!note.warning);
+    }
+
+    #[test]
+    fn long_messages_are_truncated_on_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let t = truncate(long);
+        assert!(t.len() <= MAX_MESSAGE);
+        assert!(t.ends_with("..."));
+    }
+}

@@ -1,0 +1,213 @@
+//! The writes of a reconcile: the ConfigMap (one request, with preconditions) and the
+//! statuses that differ (a few at a time). Each write is remembered in [`Memory`] so the
+//! next reconcile compares against it until the watch cache catches up.
+
+use std::collections::HashSet;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use rebound_policy::{RetryPolicy, RetryPolicyStatus};
+use tracing::{debug, info};
+
+use crate::FIELD_MANAGER;
+use crate::configmap::Plan;
+use crate::error::{Error, status_code};
+use crate::freshness::{Written, newest};
+use crate::objects::{ConfigMapView, PolicyView, policy_resource};
+use crate::reconcile::{Context, Memory};
+use crate::status::{self, Verdict};
+
+/// Status writes in flight at once within one namespace.
+const STATUS_WRITES_IN_FLIGHT: usize = 16;
+
+pub(crate) async fn write_configmap(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    plan: Plan,
+    memory: &mut Memory,
+) -> Result<(), Error> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let conflict = || Error::Conflict(format!("ConfigMap {namespace}/{name}"));
+    let record = |cm: &ConfigMap| Written {
+        resource_version: cm.resource_version().unwrap_or_default(),
+        value: Some(ConfigMapView::from_configmap(cm)),
+    };
+    match plan {
+        Plan::UpToDate | Plan::NotOwned | Plan::TooLarge { .. } => Ok(()),
+        Plan::Create(cm) => {
+            ctx.metrics.wrote("configmap");
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PostParams::default()
+            };
+            match api.create(&params, &cm).await {
+                Ok(created) => {
+                    info!(%namespace, configmap = name, "created ConfigMap");
+                    memory.configmap = Some(record(&created));
+                    Ok(())
+                }
+                Err(e) if status_code(&e) == Some(409) => Err(conflict()),
+                Err(e) => Err(Error::api(
+                    format!("creating ConfigMap {namespace}/{name}"),
+                    e,
+                )),
+            }
+        }
+        Plan::Apply(cm) => {
+            ctx.metrics.wrote("configmap");
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            match api.patch(name, &params, &Patch::Apply(&cm)).await {
+                Ok(applied) => {
+                    debug!(%namespace, configmap = name, "applied ConfigMap");
+                    memory.configmap = Some(record(&applied));
+                    Ok(())
+                }
+                Err(e) if matches!(status_code(&e), Some(409) | Some(404)) => Err(conflict()),
+                Err(e) => Err(Error::api(
+                    format!("applying ConfigMap {namespace}/{name}"),
+                    e,
+                )),
+            }
+        }
+        Plan::Delete {
+            uid,
+            resource_version,
+        } => {
+            ctx.metrics.wrote("configmap");
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: Some(resource_version.clone()),
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(name, &params).await {
+                Ok(_) => {
+                    info!(%namespace, configmap = name, "deleted ConfigMap: no RetryPolicies left");
+                    memory.configmap = Some(Written {
+                        resource_version,
+                        value: None,
+                    });
+                    Ok(())
+                }
+                Err(e) if status_code(&e) == Some(404) => {
+                    memory.configmap = Some(Written {
+                        resource_version,
+                        value: None,
+                    });
+                    Ok(())
+                }
+                Err(e) if status_code(&e) == Some(409) => Err(conflict()),
+                Err(e) => Err(Error::api(
+                    format!("deleting ConfigMap {namespace}/{name}"),
+                    e,
+                )),
+            }
+        }
+    }
+}
+
+/// Writes the statuses that differ, a few at a time; emits an event for each change.
+pub(crate) async fn write_statuses(
+    ctx: &Context,
+    namespace: &str,
+    verdicts: Vec<(PolicyView, Verdict)>,
+    memory: &mut Memory,
+) -> Result<(), Error> {
+    let now = status::now_rfc3339();
+    let cm_name = ctx.config.configmap_name.as_str();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &policy_resource());
+    let present: HashSet<String> = verdicts.iter().map(|(v, _)| v.uid.clone()).collect();
+    memory.statuses.retain(|uid, _| present.contains(uid));
+
+    let mut writes = Vec::new();
+    for (view, verdict) in verdicts {
+        let current = newest(
+            Some((view.resource_version.as_str(), view.status.as_ref())),
+            memory.statuses.get(&view.uid),
+        )
+        .cloned();
+        let summary = memory
+            .summaries
+            .get(&view.uid)
+            .filter(|(generation, _)| *generation == view.generation)
+            .map(|(_, s)| s);
+        let desired = status::desired(
+            view.generation,
+            &verdict,
+            summary,
+            current.as_ref(),
+            &now,
+            cm_name,
+        );
+        if current.as_ref() == Some(&desired) {
+            continue;
+        }
+        let note = status::event(&verdict, current.as_ref(), &desired);
+        writes.push((view, desired, note));
+    }
+
+    let results: Vec<_> = futures::stream::iter(writes)
+        .map(|(view, desired, note)| {
+            let api = api.clone();
+            async move {
+                ctx.metrics.wrote("status");
+                let result = patch_status(&api, &view.name, &desired).await;
+                (view, desired, note, result)
+            }
+        })
+        .buffer_unordered(STATUS_WRITES_IN_FLIGHT)
+        .collect()
+        .await;
+
+    let mut first_error = None;
+    for (view, desired, note, result) in results {
+        match result {
+            Ok(resource_version) => {
+                if let Some(note) = note {
+                    ctx.events.emit(note, view.object_ref());
+                }
+                memory.statuses.insert(
+                    view.uid.clone(),
+                    Written {
+                        resource_version,
+                        value: Some(desired),
+                    },
+                );
+            }
+            // Deleted since the cache saw it; its deletion triggers another reconcile.
+            Err(e) if status_code(&e) == Some(404) => {}
+            Err(e) => {
+                if first_error.is_none() {
+                    first_error = Some(Error::api(
+                        format!("writing status of RetryPolicy {namespace}/{}", view.name),
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Server-side applies the status subresource; returns the new resourceVersion.
+async fn patch_status(
+    api: &Api<DynamicObject>,
+    name: &str,
+    status: &RetryPolicyStatus,
+) -> Result<String, kube::Error> {
+    let body = serde_json::json!({
+        "apiVersion": RetryPolicy::api_version(&()),
+        "kind": RetryPolicy::kind(&()),
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let updated = api
+        .patch_status(name, &params, &Patch::Apply(&body))
+        .await?;
+    Ok(updated.resource_version().unwrap_or_default())
+}

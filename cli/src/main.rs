@@ -1,7 +1,11 @@
 //! `rebound`: validate, simulate and query RetryPolicies offline, with the same code the
 //! operator and the sidecar run.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    io::{ErrorKind, Write},
+    path::PathBuf,
+    process::ExitCode,
+};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -46,6 +50,9 @@ enum Command {
         seed: u64,
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Namespace for manifests that name none (it seeds the jitter, as in the cluster).
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
     },
     /// Print the RetryPolicy CustomResourceDefinition.
     Crd,
@@ -65,6 +72,9 @@ enum Command {
         /// Time since the first failure, e.g. `90s`.
         #[arg(long)]
         elapsed: Option<String>,
+        /// Namespace for manifests that name none (it seeds the jitter, as in the cluster).
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
     },
 }
 
@@ -77,11 +87,26 @@ enum Output {
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
+        // A reader that went away (`rebound simulate | head`) is not an error.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rebound: {e:#}");
             ExitCode::from(2)
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == ErrorKind::BrokenPipe)
+}
+
+/// Writes to stdout, returning write errors instead of panicking like `print!`.
+fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -93,8 +118,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             samples,
             seed,
             output,
+            namespace,
         } => {
-            let policies = load_valid(&files)?;
+            let policies = load_valid(&files, &namespace)?;
             let selected: Vec<_> = policies
                 .iter()
                 .filter(|p| policy.as_deref().is_none_or(|n| p.name() == n))
@@ -116,13 +142,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 })
                 .collect();
             match output {
-                Output::Table => print!("{}", report::table(&reports)),
-                Output::Json => println!("{}", report::json(&reports)),
+                Output::Table => emit(&report::table(&reports))?,
+                Output::Json => emit(&format!("{}\n", report::json(&reports)))?,
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Crd => {
-            print!("{}", crd_yaml());
+            emit(&crd_yaml())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ask {
@@ -132,7 +158,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             job_id,
             error_class,
             elapsed,
-        } => ask(&files, &queue, attempt, job_id, error_class, elapsed),
+            namespace,
+        } => ask(
+            &files,
+            &namespace,
+            &queue,
+            attempt,
+            job_id,
+            error_class,
+            elapsed,
+        ),
     }
 }
 
@@ -140,6 +175,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
 struct LoadedPolicy {
     object: RetryPolicy,
     params: ResolvedPolicy,
+    /// `metadata.namespace`, or the one given on the command line.
+    namespace: String,
 }
 
 impl LoadedPolicy {
@@ -147,11 +184,7 @@ impl LoadedPolicy {
         self.object.metadata.name.as_deref().unwrap_or_default()
     }
     fn namespace(&self) -> &str {
-        self.object
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or("default")
+        &self.namespace
     }
     fn policy(&self) -> Policy {
         Policy::new(
@@ -169,8 +202,17 @@ fn read(path: &PathBuf) -> Result<Vec<manifest::ManifestDocument>> {
 
 fn validate(files: &[PathBuf]) -> Result<ExitCode> {
     let (mut valid, mut invalid) = (0, 0);
+    let mut report = String::new();
     for path in files {
-        let docs = read(path)?;
+        // One unreadable file must not hide the problems of the others.
+        let docs = match read(path) {
+            Ok(docs) => docs,
+            Err(e) => {
+                invalid += 1;
+                report.push_str(&format!("{}:0:: {e:#}\n", path.display()));
+                continue;
+            }
+        };
         if docs.is_empty() {
             eprintln!("{}: no RetryPolicy documents", path.display());
         }
@@ -180,18 +222,19 @@ fn validate(files: &[PathBuf]) -> Result<ExitCode> {
                 Err(errors) => {
                     invalid += 1;
                     for e in errors {
-                        println!(
-                            "{}:{}:{}: {}",
+                        report.push_str(&format!(
+                            "{}:{}:{}: {}\n",
                             path.display(),
                             doc.index,
                             e.field,
                             e.message
-                        );
+                        ));
                     }
                 }
             }
         }
     }
+    emit(&report)?;
     eprintln!("{valid} valid, {invalid} invalid RetryPolicies");
     Ok(if invalid == 0 {
         ExitCode::SUCCESS
@@ -202,12 +245,20 @@ fn validate(files: &[PathBuf]) -> Result<ExitCode> {
 
 /// Every valid policy of the files; any invalid one is an error (simulating a broken file
 /// would show figures for something the cluster rejects).
-fn load_valid(files: &[PathBuf]) -> Result<Vec<LoadedPolicy>> {
+fn load_valid(files: &[PathBuf], default_namespace: &str) -> Result<Vec<LoadedPolicy>> {
     let mut out = Vec::new();
     for path in files {
         for doc in read(path)? {
             match doc.result {
-                Ok((object, params)) => out.push(LoadedPolicy { object, params }),
+                Ok((object, params)) => out.push(LoadedPolicy {
+                    namespace: object
+                        .metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| default_namespace.to_owned()),
+                    object,
+                    params,
+                }),
                 Err(errors) => bail!(
                     "{}:{}:{}: {} (run `rebound validate` for every problem)",
                     path.display(),
@@ -223,6 +274,7 @@ fn load_valid(files: &[PathBuf]) -> Result<Vec<LoadedPolicy>> {
 
 fn ask(
     files: &[PathBuf],
+    default_namespace: &str,
     queue: &str,
     attempt: u32,
     job_id: Option<String>,
@@ -239,7 +291,7 @@ fn ask(
                 .with_context(|| format!("--elapsed {e:?}"))
         })
         .transpose()?;
-    let loaded = load_valid(files)?;
+    let loaded = load_valid(files, default_namespace)?;
     let namespace = loaded
         .first()
         .map_or("default", |p| p.namespace())
@@ -267,9 +319,9 @@ fn ask(
         now_ms: elapsed_ms,
         retry_after_ms: None,
     };
-    match decide(&entry.policy, attempt, &ctx) {
-        Decision::Retry { delay_ms } => println!(
-            "RETRY in {} ({delay_ms} ms)  policy {}/{}",
+    let answer = match decide(&entry.policy, attempt, &ctx) {
+        Decision::Retry { delay_ms } => format!(
+            "RETRY in {} ({delay_ms} ms)  policy {}/{}\n",
             format_millis(delay_ms),
             entry.namespace,
             entry.name
@@ -277,10 +329,11 @@ fn ask(
         Decision::GiveUp {
             disposition,
             reason,
-        } => println!(
-            "GIVE_UP → {disposition}: {reason}  policy {}/{}",
+        } => format!(
+            "GIVE_UP → {disposition}: {reason}  policy {}/{}\n",
             entry.namespace, entry.name
         ),
-    }
+    };
+    emit(&answer)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -62,7 +62,6 @@ fn validate_reports_file_document_field_and_message() {
 #[test]
 fn errors_are_one_line_without_a_backtrace() {
     for args in [
-        vec!["validate", "-f", "does/not/exist.yaml"],
         vec![
             "simulate",
             "-f",
@@ -211,4 +210,74 @@ fn ask_answers_like_the_sidecar() {
     ]);
     assert!(text(&a.stdout).starts_with("RETRY in"));
     assert_eq!(a.stdout, b.stdout);
+}
+
+#[test]
+fn namespace_seeds_the_jitter_like_the_cluster_does() {
+    let ask = |ns: &str| {
+        let out = rebound(&[
+            "ask",
+            "-f",
+            "examples/policies/webhooks.yaml",
+            "-n",
+            ns,
+            "--queue",
+            "webhooks",
+            "--attempt",
+            "6",
+            "--job-id",
+            "42",
+        ]);
+        text(&out.stdout)
+    };
+    assert!(
+        ask("shop").ends_with("policy shop/webhooks\n"),
+        "{}",
+        ask("shop")
+    );
+    assert_ne!(
+        ask("shop").split("  ").next(),
+        ask("billing").split("  ").next()
+    );
+}
+
+#[test]
+fn a_closed_pipe_is_not_a_crash() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args([
+            "simulate",
+            "-f",
+            "examples/policies/webhooks.yaml",
+            "--samples",
+            "100",
+            "-o",
+            "json",
+        ])
+        .current_dir(ROOT)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rebound runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("exits");
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(101));
+}
+
+#[test]
+fn validate_keeps_going_past_an_unreadable_file() {
+    let out = rebound(&[
+        "validate",
+        "-f",
+        "does/not/exist.yaml",
+        "examples/policies/payments.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).starts_with("does/not/exist.yaml:0::"));
+    assert!(text(&out.stderr).contains("1 valid, 1 invalid"));
 }

@@ -89,19 +89,24 @@ impl CompiledDocument {
 
     /// Parses and fully checks a document from outside the process: format, hash and every
     /// policy's invariants. Any failure rejects the whole document.
+    ///
+    /// The hash is checked over the bytes of `policies` exactly as they appear in the
+    /// input, so parsing and re-encoding (floats included) can never disagree with the
+    /// writer, and no second serialisation is paid for on every reload.
     pub fn from_json(bytes: &[u8]) -> Result<Self, DocumentError> {
-        let doc: CompiledDocument = serde_json::from_slice(bytes)?;
-        if doc.format != FORMAT {
-            return Err(DocumentError::Format { found: doc.format });
+        let raw: RawDocument<'_> = serde_json::from_slice(bytes)?;
+        if raw.format != FORMAT {
+            return Err(DocumentError::Format { found: raw.format });
         }
-        let actual = content_hash(&doc.policies);
-        if actual != doc.hash {
+        let actual = hash_bytes(raw.policies.get().as_bytes());
+        if actual != raw.hash {
             return Err(DocumentError::Hash {
-                stated: doc.hash,
+                stated: raw.hash,
                 actual,
             });
         }
-        for p in &doc.policies {
+        let policies: Vec<CompiledPolicy> = serde_json::from_str(raw.policies.get())?;
+        for p in &policies {
             let fail = |field: &str, message: String| DocumentError::Policy {
                 policy: p.identity(),
                 error: FieldError {
@@ -118,13 +123,33 @@ impl CompiledDocument {
                     .map_err(|e| fail(&format!("queues[{i}]"), e.to_string()))?;
             }
         }
-        Ok(doc)
+        Ok(Self {
+            format: raw.format,
+            namespace: raw.namespace,
+            hash: raw.hash,
+            policies,
+        })
     }
 }
 
+/// The document with `policies` kept as the exact input bytes, for hashing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDocument<'a> {
+    format: String,
+    namespace: String,
+    hash: String,
+    #[serde(borrow)]
+    policies: &'a serde_json::value::RawValue,
+}
+
+/// The hash of the policies as [`CompiledDocument::to_json`] writes them.
 fn content_hash(policies: &[CompiledPolicy]) -> String {
-    let bytes = serde_json::to_vec(policies).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
+    hash_bytes(&serde_json::to_vec(policies).unwrap_or_default())
+}
+
+fn hash_bytes(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
     let mut hex = String::with_capacity(7 + 64);
     hex.push_str("sha256:");
     for b in digest {

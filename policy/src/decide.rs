@@ -193,8 +193,10 @@ pub fn decide_with(
 
 /// The jittered delay before retry `k` (which follows attempt `k`), in milliseconds.
 /// Never above the cap.
-pub fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Replay) -> u64 {
-    let k = k.max(1);
+fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Replay) -> u64 {
+    // Retries beyond the largest maxAttempts never happen; clamping bounds the replay
+    // even for a ResolvedPolicy that was built by hand and never checked.
+    let k = k.clamp(1, crate::spec::limits::MAX_ATTEMPTS);
     let cap = p.cap_ms as f64;
     let base = p.base_ms as f64;
     let capped = match p.strategy {

@@ -2,8 +2,9 @@
 //!
 //! The grammar is Go's `time.ParseDuration` restricted to the units that make sense for
 //! retry delays (`ms`, `s`, `m`, `h`), so the API server's CEL `duration()` and this parser
-//! read every accepted string the same way. Precision is one millisecond: a fractional
-//! millisecond is truncated.
+//! read every accepted string the same way. Bounds and comparisons use nanoseconds, as CEL
+//! does; delays are then used at millisecond precision (a fractional millisecond is
+//! truncated, which never changes the order of two durations).
 
 use std::{borrow::Cow, fmt, str::FromStr};
 
@@ -17,6 +18,7 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 pub const MIN_DURATION_MS: u64 = 1;
 /// Largest accepted duration in milliseconds (365 days, `8760h`).
 pub const MAX_DURATION_MS: u64 = 8760 * 3_600_000;
+const NANOS_PER_MS: u64 = 1_000_000;
 /// Longest accepted duration string; bounds the cost of CEL rules on the API server.
 pub const MAX_DURATION_LEN: usize = 32;
 
@@ -24,7 +26,8 @@ pub const MAX_DURATION_LEN: usize = 32;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeDuration {
     text: String,
-    millis: u64,
+    /// `None` when the text is not a duration (kept so validation can name the field).
+    nanos: Option<u64>,
 }
 
 /// Why a duration string was refused.
@@ -41,29 +44,22 @@ pub enum DurationError {
 impl KubeDuration {
     /// Parses and bounds-checks a duration string.
     pub fn parse(text: &str) -> Result<Self, DurationError> {
-        let millis = parse_millis(text)?;
-        if millis < MIN_DURATION_MS {
-            return Err(DurationError::TooSmall);
-        }
-        if millis > MAX_DURATION_MS {
-            return Err(DurationError::TooLarge);
-        }
+        let nanos = bounded_nanos(text)?;
         Ok(Self {
             text: text.to_owned(),
-            millis,
+            nanos: Some(nanos),
         })
     }
 
-    /// Builds a duration from milliseconds, rendered in canonical form (e.g. `1h30m`).
-    pub fn from_millis(millis: u64) -> Self {
-        Self {
-            text: format_millis(millis),
-            millis,
-        }
+    /// Whole milliseconds (truncated); 0 for text that is not a duration — validate first.
+    pub fn as_millis(&self) -> u64 {
+        self.nanos.unwrap_or(0) / NANOS_PER_MS
     }
 
-    pub fn as_millis(&self) -> u64 {
-        self.millis
+    /// Re-checks the grammar and bounds (a deserialized value keeps bad text) and returns
+    /// the exact value in nanoseconds, for comparisons that must agree with CEL.
+    pub fn check(&self) -> Result<u64, DurationError> {
+        bounded_nanos(&self.text)
     }
 
     pub fn as_str(&self) -> &str {
@@ -84,15 +80,26 @@ impl FromStr for KubeDuration {
     }
 }
 
-/// Parses the duration grammar into milliseconds without applying the bounds.
+fn bounded_nanos(text: &str) -> Result<u64, DurationError> {
+    let nanos = parse_nanos(text)?;
+    if nanos < MIN_DURATION_MS * NANOS_PER_MS {
+        return Err(DurationError::TooSmall);
+    }
+    if nanos > MAX_DURATION_MS * NANOS_PER_MS {
+        return Err(DurationError::TooLarge);
+    }
+    Ok(nanos)
+}
+
+/// Parses the duration grammar into nanoseconds without applying the bounds.
 /// Saturates instead of overflowing so absurd inputs fail the bound check, not the process.
-fn parse_millis(text: &str) -> Result<u64, DurationError> {
+fn parse_nanos(text: &str) -> Result<u64, DurationError> {
     if text.is_empty() || text.len() > MAX_DURATION_LEN {
         return Err(DurationError::Malformed);
     }
     let bytes = text.as_bytes();
     let mut i = 0;
-    let mut total_micros: u128 = 0;
+    let mut total: u128 = 0;
     while i < bytes.len() {
         let int_start = i;
         while i < bytes.len() && bytes[i].is_ascii_digit() {
@@ -117,31 +124,31 @@ fn parse_millis(text: &str) -> Result<u64, DurationError> {
             frac_digits = &text[frac_start..i];
         }
         let rest = &text[i..];
-        let (unit_micros, unit_len): (u128, usize) = if rest.starts_with("ms") {
-            (1_000, 2)
+        let (unit, unit_len): (u128, usize) = if rest.starts_with("ms") {
+            (1_000_000, 2)
         } else if rest.starts_with('s') {
-            (1_000_000, 1)
+            (1_000_000_000, 1)
         } else if rest.starts_with('m') {
-            (60_000_000, 1)
+            (60_000_000_000, 1)
         } else if rest.starts_with('h') {
-            (3_600_000_000, 1)
+            (3_600_000_000_000, 1)
         } else {
             return Err(DurationError::Malformed);
         };
         i += unit_len;
-        // Keep at most 9 fractional digits; finer than a microsecond is irrelevant here.
-        let frac = &frac_digits[..frac_digits.len().min(9)];
+        // Go keeps nanoseconds; digits past the 18th cannot change a nanosecond here.
+        let frac = &frac_digits[..frac_digits.len().min(18)];
         let frac_value: u128 = if frac.is_empty() {
             0
         } else {
             frac.parse().map_err(|_| DurationError::Malformed)?
         };
         let frac_scale = 10u128.pow(frac.len() as u32);
-        total_micros = total_micros
-            .saturating_add(int_part.saturating_mul(unit_micros))
-            .saturating_add(frac_value.saturating_mul(unit_micros) / frac_scale);
+        total = total
+            .saturating_add(int_part.saturating_mul(unit))
+            .saturating_add(frac_value.saturating_mul(unit) / frac_scale);
     }
-    Ok(u64::try_from(total_micros / 1_000).unwrap_or(u64::MAX))
+    Ok(u64::try_from(total).unwrap_or(u64::MAX))
 }
 
 /// Renders milliseconds the way Go prints durations, without fractional units: `1h30m`, `1.5s`
@@ -190,10 +197,9 @@ impl Serialize for KubeDuration {
 impl<'de> Deserialize<'de> for KubeDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        // Keep malformed text so validation can report it with its field path; the
-        // bound checks run again in `validate`.
-        let millis = parse_millis(&text).unwrap_or(0);
-        Ok(Self { text, millis })
+        // Keep malformed text so validation can report it with its field path.
+        let nanos = bounded_nanos(&text).ok();
+        Ok(Self { text, nanos })
     }
 }
 
@@ -216,13 +222,6 @@ impl JsonSchema for KubeDuration {
                 {"rule": "duration(self) <= duration('8760h')", "message": "must be at most 8760h"}
             ]
         })
-    }
-}
-
-impl KubeDuration {
-    /// Re-checks the text against the grammar and bounds (a deserialized value keeps bad text).
-    pub fn check(&self) -> Result<u64, DurationError> {
-        Self::parse(&self.text).map(|d| d.millis)
     }
 }
 
@@ -263,6 +262,11 @@ mod tests {
         }
         assert_eq!(KubeDuration::parse("0s"), Err(DurationError::TooSmall));
         assert_eq!(KubeDuration::parse("0.5ms"), Err(DurationError::TooSmall));
+        assert_eq!(
+            KubeDuration::parse("8760h0.5ms"),
+            Err(DurationError::TooLarge)
+        );
+        assert_eq!(KubeDuration::parse("1.5ms").map(|d| d.as_millis()), Ok(1));
         assert_eq!(KubeDuration::parse("8761h"), Err(DurationError::TooLarge));
         assert_eq!(
             KubeDuration::parse("99999999999999999999h"),

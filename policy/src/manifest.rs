@@ -46,8 +46,46 @@ pub fn parse_manifests(text: &str) -> Result<Vec<ManifestDocument>, YamlError> {
         .collect())
 }
 
+/// RetryPolicies, and anything else claiming Rebound's API group (so a misspelt kind is
+/// reported instead of silently skipped).
 fn is_retry_policy(v: &Value) -> bool {
     v.get("kind").and_then(Value::as_str) == Some(KIND)
+        || v.get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|a| a.starts_with("rebound.dev/"))
+}
+
+/// Top-level and metadata fields the API server knows; anything else is refused by its
+/// strict field validation (kubectl's default), so it is refused here too.
+const TOP_LEVEL_FIELDS: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
+const METADATA_FIELDS: [&str; 15] = [
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "generateName",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "finalizers",
+    "ownerReferences",
+    "managedFields",
+    "selfLink",
+];
+
+fn unknown_field(v: &Value) -> Option<String> {
+    let top = v.as_object()?;
+    if let Some(key) = top.keys().find(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str())) {
+        return Some(key.clone());
+    }
+    let metadata = top.get("metadata")?.as_object()?;
+    metadata
+        .keys()
+        .find(|k| !METADATA_FIELDS.contains(&k.as_str()))
+        .map(|k| format!("metadata.{k}"))
 }
 
 fn field_error(field: impl Into<String>, message: impl Into<String>) -> Vec<FieldError> {
@@ -58,12 +96,19 @@ fn field_error(field: impl Into<String>, message: impl Into<String>) -> Vec<Fiel
 }
 
 fn check_document(v: Value) -> Result<(RetryPolicy, ResolvedPolicy), Vec<FieldError>> {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != KIND {
+        return Err(field_error("kind", format!("must be {KIND}, got {kind:?}")));
+    }
     let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if api_version != API_VERSION {
         return Err(field_error(
             "apiVersion",
             format!("must be {API_VERSION}, got {api_version:?}"),
         ));
+    }
+    if let Some(field) = unknown_field(&v) {
+        return Err(field_error(field, "unknown field"));
     }
     let policy: RetryPolicy = serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();

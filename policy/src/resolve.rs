@@ -171,7 +171,8 @@ pub fn resolve(spec: &RetryPolicySpec) -> Result<ResolvedPolicy, Vec<FieldError>
     let max_retry_duration_ms = spec
         .max_retry_duration
         .as_ref()
-        .and_then(|d| errors.duration("spec.maxRetryDuration", d));
+        .and_then(|d| errors.duration("spec.maxRetryDuration", d))
+        .map(to_millis);
     check_list(
         &mut errors,
         "spec.nonRetryableErrors",
@@ -248,15 +249,16 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
     let strategy = b.strategy.unwrap_or(defaults::STRATEGY);
     let is = |s: Strategy| b.strategy == Some(s);
 
-    let base_ms = b
+    // Compared in nanoseconds, as CEL does; converted to milliseconds once valid.
+    let base_ns = b
         .base
         .as_ref()
         .and_then(|d| errors.duration("spec.backoff.base", d));
-    let cap_ms = b
+    let cap_ns = b
         .cap
         .as_ref()
         .and_then(|d| errors.duration("spec.backoff.cap", d));
-    let schedule_ms: Vec<u64> = match &b.schedule {
+    let schedule_ns: Vec<u64> = match &b.schedule {
         None => Vec::new(),
         Some(list) => {
             if list.is_empty() || list.len() > MAX_SCHEDULE {
@@ -298,7 +300,7 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
     errors.rule(
         AT,
         &rules::CAP_AT_LEAST_BASE,
-        match (cap_ms, base_ms) {
+        match (cap_ns, base_ns) {
             (Some(c), Some(b)) => c >= b,
             _ => true,
         },
@@ -326,8 +328,8 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
     errors.rule(
         AT,
         &rules::SCHEDULE_WITHIN_CAP,
-        match cap_ms {
-            Some(c) => schedule_ms.iter().all(|&d| d <= c),
+        match cap_ns {
+            Some(c) => schedule_ns.iter().all(|&d| d <= c),
             None => true,
         },
     );
@@ -339,6 +341,8 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
     if errors.0.len() > before {
         return None;
     }
+    let (base_ms, cap_ms) = (base_ns.map(to_millis), cap_ns.map(to_millis));
+    let schedule_ms: Vec<u64> = schedule_ns.into_iter().map(to_millis).collect();
 
     // An absent base never exceeds an explicit cap; an absent cap never undercuts the base.
     let base_ms = base_ms.unwrap_or(cap_ms.map_or(defaults::BASE_MS, |c| c.min(defaults::BASE_MS)));
@@ -365,6 +369,10 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
         jitter_ratio,
         schedule_ms,
     })
+}
+
+fn to_millis(nanos: u64) -> u64 {
+    nanos / 1_000_000
 }
 
 fn check_list(errors: &mut Errors, field: &str, items: &[String], min: usize, max: usize) {
@@ -410,9 +418,10 @@ impl Errors {
         }
     }
 
+    /// The exact value in nanoseconds, or an error recorded for `field`.
     fn duration(&mut self, field: &str, d: &KubeDuration) -> Option<u64> {
         match d.check() {
-            Ok(ms) => Some(ms),
+            Ok(nanos) => Some(nanos),
             Err(e) => {
                 self.push(field, format!("{e}, got {:?}", d.as_str()));
                 None

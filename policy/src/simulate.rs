@@ -8,9 +8,10 @@ use crate::{
     resolve::Disposition,
 };
 
-/// Upper bound on stored delays (retries × samples) so a 10,000-attempt policy cannot
-/// exhaust memory; samples are reduced to fit and the result says how many were used.
-const MAX_STORED_DELAYS: usize = 4_000_000;
+/// Upper bound on simulated decisions (and stored delays), retries × samples, so a
+/// 10,000-attempt policy cannot exhaust memory or time; samples are reduced to fit and the
+/// result says how many were used.
+const MAX_DECISIONS: usize = 2_000_000;
 
 /// Percentiles of one quantity, in milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -59,12 +60,9 @@ pub struct Simulation {
 pub fn simulate(policy: &Policy, samples: u32, seed: u64, per_retry: bool) -> Simulation {
     let params = policy.params();
     let retries = params.max_attempts.saturating_sub(1) as usize;
-    let mut samples = samples.max(1);
-    if per_retry && retries > 0 {
-        let fit = (MAX_STORED_DELAYS / retries).max(1);
-        samples = samples.min(u32::try_from(fit).unwrap_or(u32::MAX));
-    }
-    let mut delays: Vec<Vec<u64>> = if per_retry {
+    let fit = MAX_DECISIONS / retries.max(1);
+    let samples = samples.clamp(1, u32::try_from(fit).unwrap_or(u32::MAX));
+    let mut delays: Vec<Vec<u64>> = if per_retry && retries > 0 {
         vec![Vec::with_capacity(samples as usize); retries]
     } else {
         Vec::new()

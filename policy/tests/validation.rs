@@ -183,6 +183,25 @@ fn examples_pass_both_validators() {
 }
 
 #[test]
+fn policies_at_the_edges_of_every_bound_pass_both_validators() {
+    let text = include_str!("fixtures/edge-valid-policies.yaml");
+    let schema = crd_schema();
+    let docs = parse_manifests(text).expect("YAML");
+    assert_eq!(docs.len(), 4);
+    for doc in docs {
+        assert!(doc.result.is_ok(), "{:?}: {:?}", doc.name, doc.result.err());
+    }
+    for value in documents(text) {
+        let fields = api_server_rejections(&schema, &value);
+        assert!(
+            fields.is_empty(),
+            "{}: CRD rejects {fields:?}",
+            value["metadata"]["name"]
+        );
+    }
+}
+
+#[test]
 fn three_line_policy_is_valid_with_documented_defaults() {
     let text = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: minimal}\nspec: {queues: [jobs]}\n";
     let docs = parse_manifests(text).expect("YAML");
@@ -223,5 +242,23 @@ fn crd_yaml_matches_committed_file() {
     assert!(
         committed == rebound_policy::crd_yaml(),
         "crds/retrypolicies.rebound.dev.yaml is stale: run `cargo run -p rebound-cli -- crd > crds/retrypolicies.rebound.dev.yaml`"
+    );
+}
+
+#[test]
+fn misspelt_kinds_and_unknown_top_level_fields_are_reported() {
+    let text = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicies\nmetadata: {name: a}\nspec: {queues: [a]}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: b}\nspek: {}\nspec: {queues: [a]}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: c, labelz: {}}\nspec: {queues: [a]}\n";
+    let docs = parse_manifests(text).expect("YAML");
+    let fields: Vec<_> = docs
+        .iter()
+        .map(|d| d.result.as_ref().err().map(|e| e[0].field.clone()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            Some("kind".into()),
+            Some("spek".into()),
+            Some("metadata.labelz".into())
+        ]
     );
 }

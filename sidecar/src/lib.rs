@@ -1,1 +1,30 @@
-//! Rebound sidecar (placeholder until the sidecar lands).
+//! Rebound's sidecar: a small gRPC server next to every worker that answers job libraries'
+//! retry hooks with `rebound_policy::decide`, from a compiled policy document that it keeps
+//! loaded and hot-reloads.
+//!
+//! Layout, from the wire inwards:
+//! - [`server`] binds the listeners and serves the advisor, health, reflection and metrics;
+//! - [`service`] is the thin tonic adapter around [`answer`];
+//! - [`answer`] turns requests into `decide` calls and answers: pure, fuzzed, no I/O;
+//! - [`config`] holds the current configuration and swaps it atomically;
+//! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones;
+//! - [`client`] opens channels to a sidecar over TCP or its Unix socket;
+//! - [`testkit`] generates policy tables and reproduces kubelet's volume updates for the
+//!   tests and the load benchmark.
+
+pub mod answer;
+pub mod client;
+pub mod config;
+pub mod metrics;
+pub mod pb;
+pub mod server;
+pub mod service;
+pub mod source;
+pub mod testkit;
+
+/// Milliseconds since the Unix epoch from the system clock; the default clock for deadlines.
+pub fn system_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

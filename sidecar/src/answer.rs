@@ -1,0 +1,391 @@
+//! Request handling without I/O: check a request, look the queue up, call
+//! `rebound_policy::decide`, and translate the answer to the wire types. The tonic service
+//! and the fuzz target both go through here, so whatever a client sends is handled by this
+//! one piece of code.
+
+use rebound_policy::{
+    Context, Decision, Disposition, GiveUpReason, ResolvedPolicy,
+    compiled::TableEntry,
+    decide,
+    spec::{JitterKind, Strategy},
+};
+
+use crate::{config::Loaded, pb::v1 as pb};
+
+/// Longest queue name accepted; the same bound as the CRD's names.
+pub const MAX_QUEUE_LEN: usize = 253;
+/// Longest error class accepted.
+pub const MAX_ERROR_CLASS_LEN: usize = 253;
+/// Longest job id accepted; ids are usually UUIDs or integers, so this is generous.
+pub const MAX_JOB_ID_LEN: usize = 512;
+/// Most requests in one batch; with the field bounds this keeps a batch under 300 KiB.
+pub const MAX_BATCH: usize = 256;
+/// Largest request message the server decodes, just above the largest valid batch.
+pub const MAX_REQUEST_BYTES: usize = 512 * 1024;
+
+/// Why a request got no decision.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+impl RequestError {
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            RequestError::InvalidArgument(_) => tonic::Code::InvalidArgument,
+            RequestError::NotFound(_) => tonic::Code::NotFound,
+        }
+    }
+}
+
+impl From<RequestError> for tonic::Status {
+    fn from(e: RequestError) -> Self {
+        tonic::Status::new(e.code(), e.to_string())
+    }
+}
+
+/// What happened to one request, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Retry,
+    GiveUpMaxAttempts,
+    GiveUpDeadline,
+    GiveUpNonRetryable,
+    NotFound,
+    InvalidArgument,
+}
+
+impl Outcome {
+    pub fn of_error(e: &RequestError) -> Self {
+        match e {
+            RequestError::InvalidArgument(_) => Outcome::InvalidArgument,
+            RequestError::NotFound(_) => Outcome::NotFound,
+        }
+    }
+}
+
+fn invalid(message: String) -> RequestError {
+    RequestError::InvalidArgument(message)
+}
+
+fn check_len(field: &str, value: &str, max: usize) -> Result<(), RequestError> {
+    if value.len() > max {
+        return Err(invalid(format!(
+            "{field} is {} bytes long; at most {max} are allowed",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_queue(queue: &str) -> Result<(), RequestError> {
+    if queue.is_empty() {
+        return Err(invalid("queue must not be empty".to_owned()));
+    }
+    check_len("queue", queue, MAX_QUEUE_LEN)
+}
+
+/// Checks the fields of a request; the message names the first bad field.
+pub fn check_request(req: &pb::DecideRequest) -> Result<(), RequestError> {
+    check_queue(&req.queue)?;
+    if req.attempt == 0 {
+        return Err(invalid(
+            "attempt must be at least 1: it is the 1-based number of the run that just failed \
+             (libraries counting retries from 0 send their count + 1)"
+                .to_owned(),
+        ));
+    }
+    check_len("job_id", &req.job_id, MAX_JOB_ID_LEN)?;
+    check_len("error_class", &req.error_class, MAX_ERROR_CLASS_LEN)
+}
+
+fn lookup<'a>(cfg: &'a Loaded, queue: &str) -> Result<&'a TableEntry, RequestError> {
+    cfg.table.lookup(queue).ok_or_else(|| {
+        RequestError::NotFound(format!(
+            "no RetryPolicy in namespace {:?} governs queue {queue:?}, and there is no \
+             catch-all \"*\" policy",
+            cfg.namespace
+        ))
+    })
+}
+
+fn policy_ref(cfg: &Loaded, entry: &TableEntry) -> pb::PolicyRef {
+    pb::PolicyRef {
+        name: entry.name.clone(),
+        namespace: entry.namespace.clone(),
+        generation: entry.generation,
+        config_hash: cfg.hash.clone(),
+    }
+}
+
+fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn non_zero(n: u64) -> Option<u64> {
+    (n != 0).then_some(n)
+}
+
+/// The `decide` context for a request: empty strings and zeros mean "not given".
+pub fn context(req: &pb::DecideRequest, now_ms: u64) -> Context<'_> {
+    Context {
+        job_id: non_empty(&req.job_id),
+        error_class: non_empty(&req.error_class),
+        first_failure_ms: non_zero(req.first_failure_unix_ms),
+        now_ms: Some(now_ms),
+        retry_after_ms: non_zero(req.retry_after_ms),
+    }
+}
+
+/// Answers one request with the policy that governs its queue.
+pub fn decide_one(
+    cfg: &Loaded,
+    req: &pb::DecideRequest,
+    now_ms: u64,
+) -> Result<(pb::DecideResponse, Outcome), RequestError> {
+    check_request(req)?;
+    let entry = lookup(cfg, &req.queue)?;
+    let decision = decide(&entry.policy, req.attempt, &context(req, now_ms));
+    Ok(to_response(decision, policy_ref(cfg, entry)))
+}
+
+/// Translates a decision to the wire.
+pub fn to_response(decision: Decision, policy: pb::PolicyRef) -> (pb::DecideResponse, Outcome) {
+    match decision {
+        Decision::Retry { delay_ms } => (
+            pb::DecideResponse {
+                decision: pb::Decision::Retry.into(),
+                delay_ms,
+                policy: Some(policy),
+                ..Default::default()
+            },
+            Outcome::Retry,
+        ),
+        Decision::GiveUp {
+            disposition,
+            reason,
+        } => {
+            let (reason_code, outcome) = match reason {
+                GiveUpReason::MaxAttempts { .. } => {
+                    (pb::GiveUpReason::MaxAttempts, Outcome::GiveUpMaxAttempts)
+                }
+                GiveUpReason::Deadline { .. } => {
+                    (pb::GiveUpReason::Deadline, Outcome::GiveUpDeadline)
+                }
+                GiveUpReason::NonRetryable { .. } => {
+                    (pb::GiveUpReason::NonRetryable, Outcome::GiveUpNonRetryable)
+                }
+            };
+            let (disposition, dead_letter_queue) = disposition_to_wire(disposition);
+            (
+                pb::DecideResponse {
+                    decision: pb::Decision::GiveUp.into(),
+                    delay_ms: 0,
+                    disposition: disposition.into(),
+                    dead_letter_queue,
+                    reason: reason_code.into(),
+                    reason_message: reason.to_string(),
+                    policy: Some(policy),
+                },
+                outcome,
+            )
+        }
+    }
+}
+
+fn disposition_to_wire(d: Disposition) -> (pb::Disposition, String) {
+    match d {
+        Disposition::Drop => (pb::Disposition::Drop, String::new()),
+        Disposition::DeadLetter { dead_letter_queue } => {
+            (pb::Disposition::DeadLetter, dead_letter_queue)
+        }
+    }
+}
+
+/// Answers a batch from one configuration; per-item failures stay per item. Calls `count`
+/// with each item's outcome.
+pub fn decide_batch(
+    cfg: &Loaded,
+    req: &pb::DecideBatchRequest,
+    now_ms: u64,
+    mut count: impl FnMut(Outcome),
+) -> Result<pb::DecideBatchResponse, RequestError> {
+    if req.requests.len() > MAX_BATCH {
+        return Err(invalid(format!(
+            "batch holds {} requests; at most {MAX_BATCH} are allowed",
+            req.requests.len()
+        )));
+    }
+    let results = req
+        .requests
+        .iter()
+        .map(|item| {
+            let result = match decide_one(cfg, item, now_ms) {
+                Ok((response, outcome)) => {
+                    count(outcome);
+                    pb::decide_result::Result::Decision(response)
+                }
+                Err(e) => {
+                    count(Outcome::of_error(&e));
+                    pb::decide_result::Result::Error(pb::ItemError {
+                        code: e.code() as u32,
+                        message: e.to_string(),
+                    })
+                }
+            };
+            pb::DecideResult {
+                result: Some(result),
+            }
+        })
+        .collect();
+    Ok(pb::DecideBatchResponse { results })
+}
+
+/// The resolved policy that governs a queue.
+pub fn get_policy(
+    cfg: &Loaded,
+    req: &pb::GetPolicyRequest,
+) -> Result<pb::GetPolicyResponse, RequestError> {
+    check_queue(&req.queue)?;
+    let entry = lookup(cfg, &req.queue)?;
+    Ok(pb::GetPolicyResponse {
+        policy: Some(policy_ref(cfg, entry)),
+        resolved: Some(resolved_to_wire(entry.policy.params())),
+    })
+}
+
+/// The wire form of a resolved policy.
+pub fn resolved_to_wire(p: &ResolvedPolicy) -> pb::ResolvedPolicy {
+    let strategy = match p.strategy {
+        Strategy::Exponential => pb::Strategy::Exponential,
+        Strategy::Linear => pb::Strategy::Linear,
+        Strategy::Constant => pb::Strategy::Constant,
+        Strategy::Decorrelated => pb::Strategy::Decorrelated,
+        Strategy::Schedule => pb::Strategy::Schedule,
+    };
+    let jitter = match p.jitter {
+        JitterKind::None => pb::Jitter::None,
+        JitterKind::Full => pb::Jitter::Full,
+        JitterKind::Equal => pb::Jitter::Equal,
+        JitterKind::Proportional => pb::Jitter::Proportional,
+    };
+    let (terminal, dead_letter_queue) = disposition_to_wire(p.terminal.clone());
+    pb::ResolvedPolicy {
+        strategy: strategy.into(),
+        base_ms: p.base_ms,
+        multiplier: p.multiplier,
+        cap_ms: p.cap_ms,
+        jitter: jitter.into(),
+        jitter_ratio: p.jitter_ratio,
+        schedule_ms: p.schedule_ms.clone(),
+        max_attempts: p.max_attempts,
+        max_retry_duration_ms: p.max_retry_duration_ms.unwrap_or(0),
+        non_retryable_errors: p.non_retryable_errors.clone(),
+        terminal: terminal.into(),
+        dead_letter_queue,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rebound_policy::{CompiledDocument, CompiledPolicy, resolve, spec::RetryPolicySpec};
+
+    use super::*;
+
+    fn loaded(queues: &[&str]) -> Loaded {
+        let spec = RetryPolicySpec {
+            queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+            backoff: None,
+            max_attempts: Some(3),
+            max_retry_duration: None,
+            non_retryable_errors: vec!["Fatal*".to_owned()],
+            terminal: None,
+        };
+        let params = resolve(&spec).expect("valid spec");
+        let doc = CompiledDocument::new(
+            "ns",
+            vec![CompiledPolicy {
+                name: "p".to_owned(),
+                namespace: "ns".to_owned(),
+                uid: String::new(),
+                generation: 4,
+                queues: spec.queues.clone(),
+                params,
+            }],
+        );
+        Loaded::new(&doc, "test".to_owned(), 1)
+    }
+
+    fn req(queue: &str, attempt: u32) -> pb::DecideRequest {
+        pb::DecideRequest {
+            queue: queue.to_owned(),
+            attempt,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn answers_and_reports_the_policy() {
+        let cfg = loaded(&["q"]);
+        let (r, outcome) = decide_one(&cfg, &req("q", 1), 0).expect("answer");
+        assert_eq!(outcome, Outcome::Retry);
+        let policy = r.policy.expect("policy");
+        assert_eq!((policy.name.as_str(), policy.generation), ("p", 4));
+        assert_eq!(policy.config_hash, cfg.hash);
+        let (r, outcome) = decide_one(&cfg, &req("q", 3), 0).expect("answer");
+        assert_eq!(outcome, Outcome::GiveUpMaxAttempts);
+        assert_eq!(r.disposition(), pb::Disposition::Drop);
+        assert_eq!(r.reason_message, "attempt 3 of 3 failed (maxAttempts)");
+    }
+
+    #[test]
+    fn bad_input_is_invalid_argument_and_unknown_queue_not_found() {
+        let cfg = loaded(&["q"]);
+        let code = |r: pb::DecideRequest| decide_one(&cfg, &r, 0).map(|_| ()).map_err(|e| e.code());
+        assert_eq!(code(req("", 1)), Err(tonic::Code::InvalidArgument));
+        assert_eq!(code(req("q", 0)), Err(tonic::Code::InvalidArgument));
+        assert_eq!(
+            code(req(&"q".repeat(254), 1)),
+            Err(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(code(req("other", 1)), Err(tonic::Code::NotFound));
+        let err = decide_one(&cfg, &req("other", 1), 0)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.to_string().contains("\"other\""), "{err}");
+    }
+
+    #[test]
+    fn catch_all_serves_unknown_queues() {
+        let cfg = loaded(&["*"]);
+        assert!(decide_one(&cfg, &req("anything at all", 1), 0).is_ok());
+    }
+
+    #[test]
+    fn batch_keeps_order_and_bounds_size() {
+        let cfg = loaded(&["q"]);
+        let batch = pb::DecideBatchRequest {
+            requests: vec![req("q", 1), req("nope", 1), req("q", 0)],
+        };
+        let mut seen = Vec::new();
+        let r = decide_batch(&cfg, &batch, 0, |o| seen.push(o)).expect("batch");
+        let codes: Vec<_> = r
+            .results
+            .iter()
+            .map(|r| match &r.result {
+                Some(pb::decide_result::Result::Decision(_)) => 0,
+                Some(pb::decide_result::Result::Error(e)) => e.code,
+                None => 99,
+            })
+            .collect();
+        assert_eq!(codes, [0, 5, 3]);
+        assert_eq!(seen.len(), 3);
+        let big = pb::DecideBatchRequest {
+            requests: vec![req("q", 1); MAX_BATCH + 1],
+        };
+        assert!(decide_batch(&cfg, &big, 0, |_| ()).is_err());
+    }
+}

@@ -1,0 +1,596 @@
+//! `rebound-sidecar-load`: the sidecar's load benchmark. Starts the real `rebound-sidecar`
+//! binary on a generated table (10,000 policies by default) in a reproduced ConfigMap
+//! volume and prints, from one run: start-up time to SERVING; idle RSS; Decide against the
+//! health Check baseline over TCP loopback and the Unix socket, sequential and concurrent
+//! (p50/p99, throughput, ratio); RSS under load; reload time for the whole table, with the
+//! latency of calls made during the reload. A program that prints figures, not a test.
+//!
+//! cargo build --release -p rebound-sidecar --bins && target/release/rebound-sidecar-load
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use rebound_policy::decide::mix64;
+use rebound_sidecar::{
+    client,
+    pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
+    testkit::{self, AtomicWriter},
+};
+use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+#[derive(Debug, Parser)]
+#[command(name = "rebound-sidecar-load")]
+struct Args {
+    /// Policies in the generated table.
+    #[arg(long, default_value_t = 10_000)]
+    policies: usize,
+    /// Calls per measured series (each of Decide and Check, per transport and mode).
+    #[arg(long, default_value_t = 20_000)]
+    calls: usize,
+    /// Concurrent calls in the concurrent mode.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Kubelet-style swaps of the whole table to time.
+    #[arg(long, default_value_t = 7)]
+    reloads: usize,
+    /// The sidecar binary; by default the one next to this program.
+    #[arg(long)]
+    sidecar: Option<PathBuf>,
+    /// Extra arguments for the sidecar (e.g. --worker-threads=2).
+    #[arg(long, allow_hyphen_values = true)]
+    sidecar_arg: Vec<String>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+struct Sidecar {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// Total RSS with its anonymous (heap, stacks) and file-backed (the binary's code and
+/// libc, shared and evictable) parts.
+fn rss_detail(pid: u32) -> String {
+    format!(
+        "{} (anonymous {}, file-backed {})",
+        mib(status_kib(pid, "VmRSS:")),
+        mib(status_kib(pid, "RssAnon:")),
+        mib(status_kib(pid, "RssFile:"))
+    )
+}
+
+/// CPU time the sidecar's runtime thread has used, in ns (it serves every call).
+fn server_cpu_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+async fn serving(channel: Channel) -> bool {
+    HealthClient::new(channel)
+        .check(HealthCheckRequest::default())
+        .await
+        .is_ok_and(|r| r.into_inner().status == 1)
+}
+
+async fn run(args: Args) -> Result<()> {
+    let sidecar_bin = match args.sidecar.clone() {
+        Some(p) => p,
+        None => std::env::current_exe()?
+            .parent()
+            .context("no parent directory")?
+            .join("rebound-sidecar"),
+    };
+    let dir = std::env::temp_dir().join(format!("rebound-load-{}", std::process::id()));
+    let mount = dir.join("policies");
+    let socket = dir.join("rebound.sock");
+    let writer = AtomicWriter::new(&mount);
+    let doc_a = testkit::document("bench", args.policies, 0);
+    let bytes_a = doc_a.to_json();
+    writer.write(&[("policies.json", bytes_a.as_bytes())])?;
+    println!(
+        "table: {} policies, {} queues + {} patterns, document {:.1} MiB",
+        args.policies,
+        args.policies,
+        args.policies,
+        bytes_a.len() as f64 / (1024.0 * 1024.0)
+    );
+
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let started = Instant::now();
+    let child = Command::new(&sidecar_bin)
+        .arg("--policies-dir")
+        .arg(&mount)
+        .args([
+            "--listen",
+            &grpc.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+        ])
+        .arg("--uds")
+        .arg(&socket)
+        .args(&args.sidecar_arg)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
+    let pid = child.id();
+    let sidecar = Sidecar { child, dir };
+    let startup = loop {
+        if let Ok(channel) = client::tcp_channel(grpc).await
+            && serving(channel).await
+        {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("the sidecar did not report SERVING within 30 s");
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle_rss = rss_detail(pid);
+    println!(
+        "start-up to SERVING (process spawn to first SERVING health answer, 10k policies): {:.1} ms",
+        startup.as_secs_f64() * 1e3
+    );
+    println!("RSS idle with {} policies: {idle_rss}", args.policies);
+
+    let requests = Arc::new(make_requests(args.policies, 4096, false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
+        std::thread::spawn(move || {
+            while sampling.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+
+    println!();
+    println!("| transport | mode | call | p50 µs | p99 µs | calls/s | sidecar CPU µs/call |");
+    println!("|---|---|---|---:|---:|---:|---:|");
+    let mut ratios = Vec::new();
+    for transport in ["tcp", "uds"] {
+        let channel = match transport {
+            "tcp" => client::tcp_channel(grpc).await?,
+            _ => client::uds_channel(socket.clone()).await?,
+        };
+        for concurrency in [1, args.concurrency] {
+            let mode = if concurrency == 1 {
+                "sequential".to_owned()
+            } else {
+                format!("{concurrency} concurrent")
+            };
+            // Warm up both paths, then alternate short series so drift hits both alike.
+            series(&channel, Call::Check, &requests, 2_000, concurrency).await?;
+            series(&channel, Call::Decide, &requests, 2_000, concurrency).await?;
+            let (mut check, mut decide) = (Stats::default(), Stats::default());
+            for _ in 0..5 {
+                let cpu = server_cpu_ns(pid);
+                check.add(
+                    series(
+                        &channel,
+                        Call::Check,
+                        &requests,
+                        args.calls / 5,
+                        concurrency,
+                    )
+                    .await?,
+                );
+                check.server_ns += server_cpu_ns(pid) - cpu;
+                let cpu = server_cpu_ns(pid);
+                decide.add(
+                    series(
+                        &channel,
+                        Call::Decide,
+                        &requests,
+                        args.calls / 5,
+                        concurrency,
+                    )
+                    .await?,
+                );
+                decide.server_ns += server_cpu_ns(pid) - cpu;
+            }
+            for (name, s) in [("Check (baseline)", &mut check), ("Decide", &mut decide)] {
+                println!(
+                    "| {transport} | {mode} | {name} | {:.1} | {:.1} | {:.0} | {:.1} |",
+                    s.percentile(0.50),
+                    s.percentile(0.99),
+                    s.throughput(),
+                    s.server_us_per_call()
+                );
+            }
+            ratios.push((
+                format!("{transport}, {mode}"),
+                decide.percentile(0.50) / check.percentile(0.50),
+                decide.percentile(0.99) / check.percentile(0.99),
+                decide.throughput() / check.throughput(),
+                decide.server_us_per_call() / check.server_us_per_call(),
+            ));
+        }
+    }
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.join();
+    println!();
+    println!(
+        "| decision/baseline | p50 ratio | p99 ratio | throughput ratio | sidecar CPU ratio |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (what, p50, p99, tput, cpu) in &ratios {
+        println!("| {what} | {p50:.2} | {p99:.2} | {tput:.2} | {cpu:.2} |");
+    }
+    println!();
+    println!(
+        "RSS peak under load with {} policies: {}",
+        args.policies,
+        mib(peak.load(Ordering::Relaxed))
+    );
+    println!("RSS after the load: {}", rss_detail(pid));
+
+    // Queues that only a glob matches: the table scans its patterns in specificity order.
+    let globbed = Arc::new(make_requests(args.policies, 512, true));
+    let channel = client::tcp_channel(grpc).await?;
+    let mut glob = series(&channel, Call::Decide, &globbed, 500, 1).await?;
+    println!(
+        "Decide on queues matched only by a glob, among {} glob patterns (tcp, sequential): p50 {:.1} µs, p99 {:.1} µs",
+        args.policies,
+        glob.percentile(0.5),
+        glob.percentile(0.99)
+    );
+
+    reload(
+        &writer,
+        args.policies,
+        args.reloads,
+        grpc,
+        admin,
+        &requests,
+        pid,
+    )
+    .await?;
+    drop(sidecar);
+    small_idle(&sidecar_bin).await?;
+    breakdown(&bytes_a);
+    Ok(())
+}
+
+/// Swaps in a new 10k-policy document the way kubelet does, and measures how long until
+/// answers come from it, what the sidecar itself timed, and the latency of sequential
+/// Decide calls made throughout.
+async fn reload(
+    writer: &AtomicWriter,
+    policies: usize,
+    reloads: usize,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    requests: &Arc<Vec<pb::DecideRequest>>,
+    pid: u32,
+) -> Result<()> {
+    let channel = client::tcp_channel(grpc).await?;
+    let mut advisor = RetryAdvisorClient::new(channel);
+    // Quiet-period latency for comparison.
+    let mut quiet = Stats::default();
+    let t = Instant::now();
+    for req in requests.iter().take(2_000) {
+        let s = Instant::now();
+        advisor.decide(req.clone()).await?;
+        quiet.lat.push(s.elapsed());
+    }
+    quiet.wall += t.elapsed();
+
+    let mut during = Stats::default();
+    let (mut inside, mut visible) = (Vec::new(), Vec::new());
+    let mut i = 0usize;
+    for round in 0..reloads {
+        let doc = testkit::document("bench", policies, 1 + round as i64);
+        let bytes = doc.to_json();
+        let swapped = Instant::now();
+        writer.write(&[("policies.json", bytes.as_bytes())])?;
+        loop {
+            let req = &requests[i % requests.len()];
+            i += 1;
+            let s = Instant::now();
+            let r = advisor.decide(req.clone()).await?.into_inner();
+            during.lat.push(s.elapsed());
+            if r.policy.is_some_and(|p| p.config_hash == doc.hash) {
+                visible.push(swapped.elapsed().as_secs_f64() * 1e3);
+                break;
+            }
+            if swapped.elapsed() > Duration::from_secs(30) {
+                bail!("the new document was not served within 30 s");
+            }
+        }
+        // Keep asking for a while: freeing the old table must not stall calls either.
+        for req in requests.iter().take(500) {
+            let s = Instant::now();
+            advisor.decide(req.clone()).await?;
+            during.lat.push(s.elapsed());
+        }
+        let metrics = http_get(admin, "/metrics").await.unwrap_or_default();
+        if let Some(seconds) = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("rebound_sidecar_config_last_reload_duration_seconds "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
+            inside.push(seconds * 1e3);
+        }
+    }
+    let summary = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let median = v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+        format!(
+            "median {median:.1} ms (min {:.1}, max {:.1})",
+            v.first().copied().unwrap_or(f64::NAN),
+            v.last().copied().unwrap_or(f64::NAN)
+        )
+    };
+    println!();
+    println!(
+        "reload of {policies} policies, {reloads} kubelet swaps: inside the sidecar (read + parse + check + index + swap) {}; from the ..data swap to the first answer from the new table (inotify + 10 ms debounce included) {}",
+        summary(&mut inside),
+        summary(&mut visible)
+    );
+    println!(
+        "Decide latency around the reloads: quiet p50 {:.1} µs / p99 {:.1} µs / max {:.1} µs; during p50 {:.1} µs / p99 {:.1} µs / max {:.1} µs ({} calls)",
+        quiet.percentile(0.5),
+        quiet.percentile(0.99),
+        quiet.percentile(1.0),
+        during.percentile(0.5),
+        during.percentile(0.99),
+        during.percentile(1.0),
+        during.lat.len()
+    );
+    println!("RSS after the reload: {}", rss_detail(pid));
+    Ok(())
+}
+
+/// Idle RSS of a sidecar holding a typical namespace (20 policies).
+async fn small_idle(sidecar_bin: &std::path::Path) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("rebound-load-small-{}", std::process::id()));
+    let writer = AtomicWriter::new(dir.join("policies"));
+    writer.write(&[(
+        "policies.json",
+        testkit::document("bench", 20, 0).to_json().as_bytes(),
+    )])?;
+    let grpc = free_port()?;
+    let started = Instant::now();
+    let child = Command::new(sidecar_bin)
+        .arg("--policies-dir")
+        .arg(writer.dir())
+        .args([
+            "--listen",
+            &grpc.to_string(),
+            "--admin-listen",
+            &free_port()?.to_string(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let _sidecar = Sidecar { child, dir };
+    loop {
+        if let Ok(channel) = client::tcp_channel(grpc).await
+            && serving(channel).await
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("the small sidecar did not report SERVING within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    println!(
+        "start-up to SERVING with 20 policies: {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!("RSS idle with 20 policies: {}", rss_detail(pid));
+    Ok(())
+}
+
+/// Where reload time goes, measured in this process on the same bytes (best of 5).
+fn breakdown(bytes: &str) {
+    let best = |f: &mut dyn FnMut()| {
+        (0..5)
+            .map(|_| {
+                let s = Instant::now();
+                f();
+                s.elapsed()
+            })
+            .min()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1e3
+    };
+    let mut doc = None;
+    let parse =
+        best(&mut || doc = rebound_policy::CompiledDocument::from_json(bytes.as_bytes()).ok());
+    let Some(doc) = doc else { return };
+    let index = best(&mut || drop(rebound_policy::PolicyTable::new(&doc)));
+    let drop_table = best(&mut || {
+        let t = rebound_policy::PolicyTable::new(&doc);
+        let s = Instant::now();
+        drop(t);
+        std::hint::black_box(s.elapsed());
+    }) - index;
+    println!(
+        "reload breakdown (this process, best of 5): CompiledDocument::from_json (parse + hash + checks) {parse:.1} ms; PolicyTable::new {index:.1} ms; dropping a table ~{:.1} ms",
+        drop_table.max(0.0)
+    );
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out)
+}
+
+#[derive(Clone, Copy)]
+enum Call {
+    Check,
+    Decide,
+}
+
+#[derive(Default)]
+struct Stats {
+    lat: Vec<Duration>,
+    wall: Duration,
+    server_ns: u64,
+}
+
+impl Stats {
+    fn add(&mut self, other: Stats) {
+        self.lat.extend(other.lat);
+        self.wall += other.wall;
+    }
+
+    /// In microseconds.
+    fn percentile(&mut self, q: f64) -> f64 {
+        if self.lat.is_empty() {
+            return f64::NAN;
+        }
+        self.lat.sort_unstable();
+        let i = ((self.lat.len() - 1) as f64 * q).round() as usize;
+        self.lat[i.min(self.lat.len() - 1)].as_secs_f64() * 1e6
+    }
+
+    fn server_us_per_call(&self) -> f64 {
+        self.server_ns as f64 / 1e3 / self.lat.len() as f64
+    }
+
+    fn throughput(&self) -> f64 {
+        self.lat.len() as f64 / self.wall.as_secs_f64()
+    }
+}
+
+async fn one(
+    call: Call,
+    advisor: &mut RetryAdvisorClient<Channel>,
+    health: &mut HealthClient<Channel>,
+    req: &pb::DecideRequest,
+) -> Result<()> {
+    match call {
+        Call::Check => {
+            health.check(HealthCheckRequest::default()).await?;
+        }
+        Call::Decide => {
+            advisor.decide(req.clone()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `calls` calls spread over `concurrency` tasks sharing one HTTP/2 connection.
+async fn series(
+    channel: &Channel,
+    call: Call,
+    requests: &Arc<Vec<pb::DecideRequest>>,
+    calls: usize,
+    concurrency: usize,
+) -> Result<Stats> {
+    let per_task = calls.div_ceil(concurrency);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..concurrency {
+        let mut advisor = RetryAdvisorClient::new(channel.clone());
+        let mut health = HealthClient::new(channel.clone());
+        let requests = Arc::clone(requests);
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(per_task);
+            for i in 0..per_task {
+                let req = &requests[(t * per_task + i) % requests.len()];
+                let s = Instant::now();
+                one(call, &mut advisor, &mut health, req).await?;
+                lat.push(s.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        });
+    }
+    let mut stats = Stats::default();
+    while let Some(done) = tasks.join_next().await {
+        stats.lat.extend(done??);
+    }
+    stats.wall = started.elapsed();
+    Ok(stats)
+}
+
+/// Requests over the whole table: attempts 1–12, job ids, some error classes; exact queue
+/// names, or names only a glob pattern matches when `glob` is set.
+fn make_requests(policies: usize, n: usize, glob: bool) -> Vec<pb::DecideRequest> {
+    (0..n as u64)
+        .map(|k| {
+            let r = mix64(k);
+            let i = (r % policies as u64) as usize;
+            pb::DecideRequest {
+                queue: if glob {
+                    format!("g{i}.x")
+                } else {
+                    format!("q{i}")
+                },
+                attempt: 1 + ((r >> 8) % 12) as u32,
+                job_id: format!("job-{}", r >> 40),
+                error_class: if (r >> 20).is_multiple_of(10) {
+                    "Timeout".to_owned()
+                } else {
+                    String::new()
+                },
+                ..Default::default()
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,345 @@
+//! The loaded configuration and its atomic replacement.
+//!
+//! A new configuration is parsed and indexed entirely off the request path, then swapped in
+//! with one pointer store ([`ArcSwapOption`]); a request reads whichever table was current
+//! when it started and never waits for a reload. Anything that fails to parse or validate
+//! is rejected whole: the last good table stays.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use arc_swap::{ArcSwapOption, Guard};
+use rebound_policy::{
+    CompiledDocument, PolicySource, PolicyTable, compile,
+    compiled::DocumentError,
+    manifest::{self, ManifestDocument},
+};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Largest configuration file read. A ConfigMap holds at most 1 MiB; the margin lets a
+/// local file of 10,000 policies load while still bounding memory.
+pub const MAX_CONFIG_BYTES: u64 = 8 * 1024 * 1024;
+
+/// One loaded, indexed compiled document.
+#[derive(Debug)]
+pub struct Loaded {
+    pub table: PolicyTable,
+    pub namespace: String,
+    /// The document's content hash, `sha256:<hex>`.
+    pub hash: String,
+    pub policies: usize,
+    /// Where it came from, for logs and metrics: a path or `configmap/ns/name`.
+    pub origin: String,
+    /// 1 for the first configuration this process loaded, then +1 per change.
+    pub sequence: u64,
+    pub loaded_at: SystemTime,
+}
+
+impl Loaded {
+    pub fn new(doc: &CompiledDocument, origin: String, sequence: u64) -> Self {
+        Self {
+            table: PolicyTable::new(doc),
+            namespace: doc.namespace.clone(),
+            hash: doc.hash.clone(),
+            policies: doc.policies.len(),
+            origin,
+            sequence,
+            loaded_at: SystemTime::now(),
+        }
+    }
+}
+
+/// Why a new configuration was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("{origin}: {source}")]
+    Document {
+        origin: String,
+        source: DocumentError,
+    },
+    #[error("{path}: not valid YAML: {message}")]
+    Yaml { path: PathBuf, message: String },
+    #[error("{path}: document {index} ({name}): {problems}")]
+    InvalidPolicy {
+        path: PathBuf,
+        index: usize,
+        name: String,
+        problems: String,
+    },
+    #[error(
+        "{path}: RetryPolicy {name} is in namespace {found:?}, this sidecar serves {expected:?}"
+    )]
+    Namespace {
+        path: PathBuf,
+        name: String,
+        found: String,
+        expected: String,
+    },
+    #[error("{origin} has no key {key:?}")]
+    MissingKey { origin: String, key: String },
+    #[error("{origin} does not exist")]
+    Missing { origin: String },
+    #[error("{origin}: {message}")]
+    Source { origin: String, message: String },
+}
+
+/// Reads a file with the size bound.
+pub fn read_bounded(path: &Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    let read_err = |source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(LoadError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Parses a compiled document (format, hash and every policy checked by the policy crate).
+pub fn parse_compiled(bytes: &[u8], origin: &str) -> Result<CompiledDocument, LoadError> {
+    CompiledDocument::from_json(bytes).map_err(|source| LoadError::Document {
+        origin: origin.to_owned(),
+        source,
+    })
+}
+
+/// Compiles RetryPolicy manifests locally, as the operator would for `namespace`. Every
+/// RetryPolicy in the files must be valid; one bad policy rejects the whole set.
+pub fn compile_manifests(
+    files: &[(PathBuf, String)],
+    namespace: &str,
+) -> Result<CompiledDocument, LoadError> {
+    let mut sources = Vec::new();
+    for (path, text) in files {
+        let docs = manifest::parse_manifests(text).map_err(|e| LoadError::Yaml {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        for doc in docs {
+            sources.push(manifest_source(path, doc, namespace)?);
+        }
+    }
+    Ok(compile(namespace, sources).document)
+}
+
+fn manifest_source(
+    path: &Path,
+    doc: ManifestDocument,
+    namespace: &str,
+) -> Result<PolicySource, LoadError> {
+    let name = doc.name.clone().unwrap_or_default();
+    let (object, _) = doc.result.map_err(|errors| LoadError::InvalidPolicy {
+        path: path.to_owned(),
+        index: doc.index,
+        name: name.clone(),
+        problems: errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; "),
+    })?;
+    let found = object.metadata.namespace.as_deref().unwrap_or(namespace);
+    if found != namespace {
+        return Err(LoadError::Namespace {
+            path: path.to_owned(),
+            name,
+            found: found.to_owned(),
+            expected: namespace.to_owned(),
+        });
+    }
+    Ok(PolicySource {
+        name,
+        namespace: namespace.to_owned(),
+        uid: String::new(),
+        generation: object.metadata.generation.unwrap_or(0),
+        // Like the CLI: no creation times, so name order breaks pattern ties.
+        created: None,
+        spec: object.spec,
+    })
+}
+
+/// The current configuration, shared by the service, the sources and the metrics.
+#[derive(Debug)]
+pub struct Store {
+    current: ArcSwapOption<Loaded>,
+    sequence: AtomicU64,
+    metrics: Arc<Metrics>,
+    /// `true` once a configuration is loaded; the health reporter follows it.
+    loaded: watch::Sender<bool>,
+}
+
+impl Store {
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            current: ArcSwapOption::empty(),
+            sequence: AtomicU64::new(0),
+            metrics,
+            loaded: watch::Sender::new(false),
+        })
+    }
+
+    /// The configuration a request should use; cheap and wait-free.
+    pub fn snapshot(&self) -> Guard<Option<Arc<Loaded>>> {
+        self.current.load()
+    }
+
+    pub fn current(&self) -> Option<Arc<Loaded>> {
+        self.current.load_full()
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Becomes `true` when the first configuration is in place.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.loaded.subscribe()
+    }
+
+    /// Indexes a checked document and makes it current. `started` is when the reload began
+    /// (read + parse), for the reload-duration metric. Returns `false` when the document is
+    /// the one already loaded.
+    pub fn install(&self, doc: &CompiledDocument, origin: &str, started: Instant) -> bool {
+        if let Some(current) = self.current.load().as_ref()
+            && current.hash == doc.hash
+            && current.namespace == doc.namespace
+        {
+            tracing::debug!(hash = %doc.hash, origin, "configuration unchanged");
+            return false;
+        }
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        let loaded = Arc::new(Loaded::new(doc, origin.to_owned(), sequence));
+        let old = self.current.swap(Some(Arc::clone(&loaded)));
+        let took = started.elapsed();
+        self.metrics.reloaded(took);
+        tracing::info!(
+            hash = %loaded.hash,
+            namespace = %loaded.namespace,
+            policies = loaded.policies,
+            sequence,
+            origin,
+            took_ms = took.as_secs_f64() * 1e3,
+            "configuration loaded"
+        );
+        self.loaded.send_replace(true);
+        drop_off_request_path(old);
+        true
+    }
+
+    /// Records a rejected configuration; the current one stays.
+    pub fn reject(&self, error: &LoadError) {
+        self.metrics.reload_failed();
+        match self.current.load().as_ref() {
+            Some(current) => tracing::warn!(
+                %error,
+                kept = %current.hash,
+                "configuration rejected; still answering from the last good one"
+            ),
+            None => tracing::warn!(%error, "configuration rejected; no valid configuration yet"),
+        }
+    }
+}
+
+/// Keeps glibc from holding on to freed memory: fixed mmap and trim thresholds (glibc
+/// otherwise raises both after the first large buffer is freed, so a reload's garbage
+/// would stay resident).
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 * 1024);
+    }
+}
+
+/// Hands freed heap pages back to the OS after a reload. Parsing and checking a document
+/// allocates several times the finished table (the bytes, the parsed document, the hash
+/// input), and glibc would otherwise keep that high-water mark as resident memory.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Waits briefly for requests still holding the old table so that freeing 10,000 entries
+/// happens on the loader's thread, not inside a request.
+fn drop_off_request_path(old: Option<Arc<Loaded>>) {
+    let Some(old) = old else { return };
+    for _ in 0..100 {
+        if Arc::strong_count(&old) == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(old);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata:\n  name: a\nspec:\n  queues: [q]\n";
+
+    #[test]
+    fn manifests_compile_and_bad_ones_reject_the_set() {
+        let ok = compile_manifests(&[(PathBuf::from("a.yaml"), YAML.to_owned())], "ns")
+            .expect("compiles");
+        assert_eq!(ok.policies.len(), 1);
+        assert_eq!(ok.policies[0].identity(), "ns/a");
+
+        let bad = format!("{YAML}---\n{}", YAML.replace("name: a", "name: B_"));
+        let err = compile_manifests(&[(PathBuf::from("a.yaml"), bad)], "ns").unwrap_err();
+        assert!(err.to_string().contains("metadata.name"), "{err}");
+
+        let other = YAML.replace("name: a", "name: a\n  namespace: other");
+        let err = compile_manifests(&[(PathBuf::from("a.yaml"), other)], "ns").unwrap_err();
+        assert!(matches!(err, LoadError::Namespace { .. }), "{err}");
+    }
+
+    #[test]
+    fn store_swaps_and_keeps_last_good() {
+        let store = Store::new(Arc::new(Metrics::default()));
+        assert!(store.current().is_none());
+        let doc = compile_manifests(&[(PathBuf::from("a.yaml"), YAML.to_owned())], "ns")
+            .expect("compiles");
+        assert!(store.install(&doc, "t", Instant::now()));
+        assert!(
+            !store.install(&doc, "t", Instant::now()),
+            "same hash is a no-op"
+        );
+        store.reject(&LoadError::Missing {
+            origin: "x".to_owned(),
+        });
+        let current = store.current().expect("kept");
+        assert_eq!(
+            (current.sequence, current.hash.as_str()),
+            (1, doc.hash.as_str())
+        );
+        assert!(*store.subscribe().borrow());
+    }
+}

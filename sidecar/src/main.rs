@@ -1,0 +1,203 @@
+//! `rebound-sidecar`: answers job workers' retry hooks over gRPC. See `docs/sidecar.md`.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use clap::{ArgGroup, Parser};
+use rebound_policy::{KubeDuration, compiled::CONFIGMAP_KEY};
+use rebound_sidecar::{
+    config::Store,
+    metrics::Metrics,
+    server::{self, ListenConfig, Listeners},
+    service::Clock,
+    source::files::FileSource,
+};
+
+/// Serves RetryPolicy decisions to job workers over gRPC.
+#[derive(Debug, Parser)]
+#[command(name = "rebound-sidecar", version)]
+#[command(group(ArgGroup::new("source").required(true).args(["policies_dir", "configmap", "policies_file"])))]
+struct Args {
+    /// A directory where the compiled-policies ConfigMap is mounted (without subPath).
+    #[arg(long, value_name = "DIR")]
+    policies_dir: Option<PathBuf>,
+
+    /// Watch this ConfigMap through the API server (NAMESPACE/NAME); uses KUBECONFIG or the
+    /// in-cluster service account.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    configmap: Option<String>,
+
+    /// RetryPolicy YAML manifests, compiled locally (development, demos). Repeatable.
+    #[arg(long, value_name = "FILE")]
+    policies_file: Vec<PathBuf>,
+
+    /// The key (file name) holding the compiled document, for --policies-dir and --configmap.
+    #[arg(long, default_value = CONFIGMAP_KEY)]
+    key: String,
+
+    /// The namespace manifests from --policies-file are compiled for.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+
+    /// gRPC address (TCP).
+    #[arg(long, default_value = "127.0.0.1:7411")]
+    listen: SocketAddr,
+
+    /// Do not listen on TCP (use with --uds).
+    #[arg(long)]
+    no_tcp: bool,
+
+    /// Also serve gRPC on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    uds: Option<PathBuf>,
+
+    /// Admin address: gRPC health (for kubelet's probe) and Prometheus /metrics.
+    #[arg(long, default_value = "127.0.0.1:7412")]
+    admin_listen: SocketAddr,
+
+    /// Do not serve the admin port.
+    #[arg(long)]
+    no_admin: bool,
+
+    /// Allow listening on addresses other than loopback (e.g. the Pod IP for kubelet's probe).
+    #[arg(long)]
+    allow_non_loopback: bool,
+
+    /// How often files are re-checked besides change notifications.
+    #[arg(long, default_value = "10s")]
+    poll_interval: KubeDuration,
+
+    /// How long in-flight calls may take to finish after SIGTERM.
+    #[arg(long, default_value = "10s")]
+    shutdown_grace: KubeDuration,
+
+    /// Runtime worker threads; 1 runs everything on one thread, which is all a sidecar needs.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
+
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn main() -> Result<()> {
+    rebound_sidecar::config::tune_allocator();
+    let args = Args::parse();
+    init_logging(&args.log_format);
+    let runtime = if args.worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.worker_threads)
+            .enable_all()
+            .build()
+    }
+    .context("cannot start the async runtime")?;
+    runtime.block_on(run(args))
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let listen = ListenConfig {
+        tcp: (!args.no_tcp).then_some(args.listen),
+        uds: args.uds.clone(),
+        admin: (!args.no_admin).then_some(args.admin_listen),
+        allow_non_loopback: args.allow_non_loopback,
+    };
+    if listen.tcp.is_none() && listen.uds.is_none() {
+        bail!("--no-tcp needs --uds: there would be nothing to serve on");
+    }
+    let listeners = Listeners::bind(&listen).await?;
+    tracing::info!(
+        grpc = ?listeners.tcp_addr(),
+        uds = ?listen.uds,
+        admin = ?listeners.admin_addr(),
+        "listening"
+    );
+
+    let store = Store::new(Arc::new(Metrics::default()));
+    let poll = Duration::from_millis(args.poll_interval.as_millis().max(1));
+    let mut _file_source = None;
+    let mut watch_task = None;
+    if let Some(dir) = args.policies_dir {
+        let source = FileSource::mounted_dir(dir, &args.key, poll);
+        _file_source = Some(source.spawn(Arc::clone(&store))?);
+    } else if !args.policies_file.is_empty() {
+        let source = FileSource::manifests(args.policies_file, args.namespace, poll);
+        _file_source = Some(source.spawn(Arc::clone(&store))?);
+    } else if let Some(target) = args.configmap {
+        watch_task = Some(configmap(&target, args.key, Arc::clone(&store)).await?);
+    }
+
+    let clock: Clock = Arc::new(rebound_sidecar::system_now_ms);
+    let grace = Duration::from_millis(args.shutdown_grace.as_millis());
+    server::serve(store, clock, listeners, shutdown_signal(), grace).await?;
+    if let Some(task) = watch_task {
+        task.abort();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[cfg(feature = "kubernetes")]
+async fn configmap(
+    target: &str,
+    key: String,
+    store: Arc<Store>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use rebound_sidecar::source::kubernetes::{ConfigMapRef, ConfigMapSource};
+    let target: ConfigMapRef = target
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--configmap: {e}"))?;
+    let client = ConfigMapSource::client().await?;
+    let source = ConfigMapSource::new(target, Some(key));
+    Ok(tokio::spawn(source.run(client, store)))
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn configmap(
+    _target: &str,
+    _key: String,
+    _store: Arc<Store>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    bail!("--configmap needs the `kubernetes` feature, which this build leaves out")
+}
+
+/// Completes on SIGTERM (kubelet) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let int = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = term => tracing::info!("SIGTERM"),
+        () = int => tracing::info!("SIGINT"),
+    }
+}

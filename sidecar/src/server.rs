@@ -1,0 +1,282 @@
+//! Listeners and serving: the gRPC port (advisor, health, reflection) on loopback TCP
+//! and/or a Unix socket, and a small admin port (gRPC health for kubelet's probe, and
+//! Prometheus `/metrics`). Health is NOT_SERVING until a configuration is loaded and again
+//! from the moment shutdown starts.
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    os::unix::fs::{FileTypeExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{
+    net::{TcpListener, UnixListener},
+    sync::watch,
+    task::JoinSet,
+};
+use tonic::{service::Routes, transport::Server};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use crate::{
+    answer::MAX_REQUEST_BYTES,
+    config::Store,
+    pb::{self, v1::retry_advisor_server::RetryAdvisorServer},
+    service::{Advisor, Clock},
+};
+
+/// Concurrent calls per HTTP/2 connection; with the message bound this caps a client's
+/// buffered requests.
+pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+/// Health and reflection requests are tiny; refuse anything larger.
+const MAX_SMALL_REQUEST_BYTES: usize = 16 * 1024;
+
+/// Where to listen.
+#[derive(Clone, Debug, Default)]
+pub struct ListenConfig {
+    pub tcp: Option<SocketAddr>,
+    pub uds: Option<PathBuf>,
+    pub admin: Option<SocketAddr>,
+    /// Without it, any address other than loopback is refused.
+    pub allow_non_loopback: bool,
+}
+
+/// A listener that could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "refusing to listen on {addr} for {what}: not a loopback address (pass --allow-non-loopback to mean it)"
+    )]
+    NonLoopback {
+        what: &'static str,
+        addr: SocketAddr,
+    },
+    #[error("cannot listen on {addr} for {what}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("listener {0} stopped on its own")]
+    Listener(&'static str),
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Bound sockets, ready to serve; bound before serving so callers learn the ports.
+#[derive(Debug)]
+pub struct Listeners {
+    tcp: Option<TcpListener>,
+    uds: Option<(UnixListener, PathBuf)>,
+    admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    pub async fn bind(cfg: &ListenConfig) -> Result<Self, ServeError> {
+        let tcp = match cfg.tcp {
+            Some(addr) => Some(bind_tcp("gRPC", addr, cfg.allow_non_loopback).await?),
+            None => None,
+        };
+        let admin = match cfg.admin {
+            Some(addr) => Some(bind_tcp("admin", addr, cfg.allow_non_loopback).await?),
+            None => None,
+        };
+        let uds = match &cfg.uds {
+            Some(path) => Some((bind_uds(path)?, path.clone())),
+            None => None,
+        };
+        Ok(Self { tcp, uds, admin })
+    }
+
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+}
+
+async fn bind_tcp(
+    what: &'static str,
+    addr: SocketAddr,
+    allow_non_loopback: bool,
+) -> Result<TcpListener, ServeError> {
+    if !addr.ip().is_loopback() && !allow_non_loopback {
+        return Err(ServeError::NonLoopback { what, addr });
+    }
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what,
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Binds a Unix socket, replacing a stale socket file from an earlier run (but nothing
+/// else), and opens it to every user: the directory it lives in decides who can reach it.
+fn bind_uds(path: &Path) -> Result<UnixListener, ServeError> {
+    let bind_err = |source| ServeError::Bind {
+        what: "gRPC",
+        addr: path.display().to_string(),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).map_err(bind_err)?,
+        Ok(_) => return Err(ServeError::NotASocket(path.to_owned())),
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(bind_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
+    Ok(listener)
+}
+
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    for name in ["", pb::ADVISOR_SERVICE] {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
+/// Serves until `shutdown` completes, then flips health to NOT_SERVING, stops accepting,
+/// lets in-flight calls finish for up to `grace`, and returns.
+pub async fn serve(
+    store: Arc<Store>,
+    clock: Clock,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    set_health(&reporter, ServingStatus::NotServing).await;
+    let health = health.max_decoding_message_size(MAX_SMALL_REQUEST_BYTES);
+
+    let follower = {
+        let reporter = reporter.clone();
+        let mut loaded = store.subscribe();
+        tokio::spawn(async move {
+            if loaded.wait_for(|l| *l).await.is_ok() {
+                set_health(&reporter, ServingStatus::Serving).await;
+                tracing::info!("health: SERVING");
+            }
+        })
+    };
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let advisor = RetryAdvisorServer::new(Advisor::new(Arc::clone(&store), clock))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let routes = Routes::new(advisor)
+        .add_service(health.clone())
+        .add_service(
+            reflection()
+                .build_v1()?
+                .max_decoding_message_size(MAX_SMALL_REQUEST_BYTES),
+        )
+        .add_service(
+            reflection()
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_SMALL_REQUEST_BYTES),
+        );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let grpc = || Server::builder().max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    let mut servers = JoinSet::new();
+    if let Some(listener) = listeners.tcp {
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = grpc()
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(incoming, stopped());
+        servers.spawn(async move { ("tcp", server.await) });
+    }
+    let mut socket_path = None;
+    if let Some((listener, path)) = listeners.uds {
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let server = grpc()
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(incoming, stopped());
+        servers.spawn(async move { ("uds", server.await) });
+        socket_path = Some(path);
+    }
+    if let Some(listener) = listeners.admin {
+        let metrics_store = Arc::clone(&store);
+        let router = Routes::new(health).into_axum_router().route(
+            "/metrics",
+            axum::routing::get(move || metrics(Arc::clone(&metrics_store))),
+        );
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = Server::builder()
+            .accept_http1(true)
+            .max_concurrent_streams(16)
+            .add_routes(Routes::from(router))
+            .serve_with_incoming_shutdown(incoming, stopped());
+        servers.spawn(async move { ("admin", server.await) });
+    }
+
+    let mut failed = None;
+    tokio::select! {
+        () = shutdown => {}
+        Some(ended) = servers.join_next() => {
+            // A listener stopped on its own (e.g. accept error): shut the rest down.
+            failed = Some(ended.as_ref().map_or("task", |(name, _)| *name));
+            log_ended(ended);
+        }
+    }
+    follower.abort();
+    set_health(&reporter, ServingStatus::NotServing).await;
+    tracing::info!("shutting down: health NOT_SERVING, finishing in-flight calls");
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(grace, async {
+        while let Some(ended) = servers.join_next().await {
+            log_ended(ended);
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(?grace, "grace period over; closing remaining connections");
+        servers.abort_all();
+    }
+    if let Some(path) = socket_path {
+        let _ = std::fs::remove_file(path);
+    }
+    match failed {
+        Some(name) => Err(ServeError::Listener(name)),
+        None => Ok(()),
+    }
+}
+
+type Ended = Result<(&'static str, Result<(), tonic::transport::Error>), tokio::task::JoinError>;
+
+fn log_ended(ended: Ended) {
+    match ended {
+        Ok((name, Ok(()))) => tracing::debug!(listener = name, "listener stopped"),
+        Ok((name, Err(error))) => tracing::error!(listener = name, %error, "listener failed"),
+        Err(error) => tracing::error!(%error, "listener task failed"),
+    }
+}
+
+async fn metrics(store: Arc<Store>) -> impl axum::response::IntoResponse {
+    let body = store.metrics().render(store.current().as_deref());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+}

@@ -1,0 +1,90 @@
+//! The `rebound.v1.RetryAdvisor` gRPC service: a thin adapter from tonic to [`crate::answer`].
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::{
+    answer::{self, Outcome},
+    config::{Loaded, Store},
+    pb::v1::{self as pb, retry_advisor_server::RetryAdvisor},
+};
+
+/// Where "now" comes from when enforcing maxRetryDuration; tests pin it.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The advisor service over a [`Store`].
+#[derive(Clone)]
+pub struct Advisor {
+    store: Arc<Store>,
+    clock: Clock,
+}
+
+impl Advisor {
+    pub fn new(store: Arc<Store>, clock: Clock) -> Self {
+        Self { store, clock }
+    }
+
+    fn with_config<T>(&self, f: impl FnOnce(&Loaded) -> Result<T, Status>) -> Result<T, Status> {
+        let guard = self.store.snapshot();
+        match guard.as_deref() {
+            Some(cfg) => f(cfg),
+            None => {
+                self.store.metrics().count_unavailable();
+                Err(Status::unavailable(
+                    "no valid policy configuration is loaded yet; use the local fallback policy",
+                ))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RetryAdvisor for Advisor {
+    async fn decide(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
+        let metrics = self.store.metrics();
+        let now = (self.clock)();
+        self.with_config(
+            |cfg| match answer::decide_one(cfg, request.get_ref(), now) {
+                Ok((response, outcome)) => {
+                    metrics.count(outcome);
+                    Ok(Response::new(response))
+                }
+                Err(e) => {
+                    metrics.count(Outcome::of_error(&e));
+                    Err(e.into())
+                }
+            },
+        )
+    }
+
+    async fn decide_batch(
+        &self,
+        request: Request<pb::DecideBatchRequest>,
+    ) -> Result<Response<pb::DecideBatchResponse>, Status> {
+        let metrics = self.store.metrics();
+        let now = (self.clock)();
+        self.with_config(|cfg| {
+            answer::decide_batch(cfg, request.get_ref(), now, |o| metrics.count(o))
+                .map(Response::new)
+                .map_err(|e| {
+                    metrics.count(Outcome::of_error(&e));
+                    e.into()
+                })
+        })
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::GetPolicyResponse>, Status> {
+        self.with_config(|cfg| {
+            answer::get_policy(cfg, request.get_ref())
+                .map(Response::new)
+                .map_err(Status::from)
+        })
+    }
+}

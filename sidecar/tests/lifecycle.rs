@@ -1,0 +1,200 @@
+//! Health transitions and graceful shutdown, in process and for the real binary: SIGTERM
+//! flips health to NOT_SERVING, an in-flight call still gets its answers, the process exits
+//! 0 and removes its socket. Also the admin port's /metrics and the Unix socket.
+
+mod common;
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{NOT_SERVING, SERVING, eventually, health_status};
+use rebound_sidecar::{
+    client,
+    pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
+    testkit,
+};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+#[tokio::test]
+async fn shutdown_flips_health_and_lets_in_flight_calls_finish() {
+    let store = common::store();
+    let mut server = common::start(store.clone(), common::fixed_clock(0)).await;
+    let mut health = server.health().await;
+    assert_eq!(health_status(&mut health, "").await, NOT_SERVING);
+
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = watch.message().await.expect("stream").expect("status");
+    assert_eq!(first.status, NOT_SERVING);
+
+    store.install(&testkit::document("ns", 10, 0), "test", Instant::now());
+    let next = watch.message().await.expect("stream").expect("status");
+    assert_eq!(
+        next.status, SERVING,
+        "SERVING once a configuration is loaded"
+    );
+
+    // The Watch stream is an in-flight call: after shutdown begins it still receives the
+    // NOT_SERVING update instead of being cut off.
+    server.begin_stop();
+    let last = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("update in time")
+        .expect("stream still open")
+        .expect("status");
+    assert_eq!(last.status, NOT_SERVING);
+    drop(watch);
+    tokio::time::timeout(Duration::from_secs(5), server.join())
+        .await
+        .expect("drains once the last call ends");
+}
+
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect admin");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+struct Sidecar(Child);
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_binary(policies: &Path, grpc: SocketAddr, admin: SocketAddr, uds: &Path) -> Sidecar {
+    let child = Command::new(env!("CARGO_BIN_EXE_rebound-sidecar"))
+        .arg("--policies-file")
+        .arg(policies)
+        .args(["--namespace", "demo", "--listen", &grpc.to_string()])
+        .args(["--admin-listen", &admin.to_string()])
+        .arg("--uds")
+        .arg(uds)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn rebound-sidecar");
+    Sidecar(child)
+}
+
+const POLICY: &str = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata:\n  name: webhooks\nspec:\n  queues: [webhooks]\n  maxAttempts: 4\n  terminal:\n    action: deadLetter\n    deadLetterQueue: webhooks-dead\n";
+
+#[tokio::test]
+async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let policies = tmp.path().join("policies.yaml");
+    std::fs::write(&policies, POLICY).expect("write");
+    let socket = tmp.path().join("rebound.sock");
+    let (grpc, admin) = (free_port(), free_port());
+    let mut sidecar = spawn_binary(&policies, grpc, admin, &socket);
+
+    // kubelet's probe: gRPC health on the admin port.
+    let started = Instant::now();
+    eventually(
+        "the binary to report SERVING",
+        Duration::from_secs(20),
+        || async move {
+            let Ok(channel) = client::tcp_channel(admin).await else {
+                return false;
+            };
+            let mut c = HealthClient::new(channel);
+            c.check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .is_ok_and(|r| r.into_inner().status == SERVING)
+        },
+    )
+    .await;
+    eprintln!("SERVING after {:?} (debug build)", started.elapsed());
+
+    let ask = pb::DecideRequest {
+        queue: "webhooks".to_owned(),
+        attempt: 4,
+        job_id: "job-1".to_owned(),
+        ..Default::default()
+    };
+    let mut tcp = RetryAdvisorClient::new(client::tcp_channel(grpc).await.expect("tcp"));
+    let over_tcp = tcp
+        .decide(ask.clone())
+        .await
+        .expect("tcp decide")
+        .into_inner();
+    assert_eq!(over_tcp.decision(), pb::Decision::GiveUp);
+    assert_eq!(over_tcp.dead_letter_queue, "webhooks-dead");
+    let mut uds = RetryAdvisorClient::new(client::uds_channel(socket.clone()).await.expect("uds"));
+    let over_uds = uds.decide(ask).await.expect("uds decide").into_inner();
+    assert_eq!(over_uds, over_tcp);
+
+    let metrics = http_get(admin, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(metrics.contains("text/plain; version=0.0.4"), "{metrics}");
+    assert!(
+        metrics.contains("rebound_sidecar_config_loaded 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rebound_sidecar_decisions_total{outcome=\"give_up_max_attempts\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rebound_sidecar_config_info{namespace=\"demo\""),
+        "{metrics}"
+    );
+
+    // SIGTERM: exit 0, socket removed.
+    let pid = i32::try_from(sidecar.0.id()).expect("pid");
+    // SAFETY: sending a signal to a child process this test spawned.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = sidecar.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists(), "socket file removed on exit");
+}
+
+#[tokio::test]
+async fn the_binary_refuses_non_loopback_without_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound-sidecar"))
+        .args([
+            "--policies-file",
+            "/nonexistent.yaml",
+            "--listen",
+            "0.0.0.0:0",
+            "--no-admin",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a loopback address"), "{stderr}");
+}

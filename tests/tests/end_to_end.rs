@@ -1,0 +1,177 @@
+//! The whole loop as users run it: `kubectl apply` a RetryPolicy → `rebound-operator`
+//! compiles the namespace into its ConfigMap → `rebound-sidecar --configmap` watches it →
+//! a gRPC client's answers change. Both programs are the real binaries of this workspace
+//! (built by `cargo test --workspace`), talking to the real kube-apiserver.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use rebound_sidecar::pb::v1::{DecideRequest, retry_advisor_client::RetryAdvisorClient};
+use rebound_tests::{TestEnv, unique_name};
+use tonic::transport::Channel;
+
+/// A child process that is killed when the test ends, whatever happens.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A binary of this workspace, next to the test executable's `deps/` directory.
+fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("test executable has no target dir")?;
+    let path = dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `cargo test --workspace` (or `cargo build --bins`) first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn spawn(name: &str, env: &TestEnv, args: &[String]) -> Result<Running> {
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(name)));
+    let child = Command::new(workspace_binary(name)?)
+        .env("KUBECONFIG", env.cluster.kubeconfig())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {name} (log {})", log.display()))?;
+    Ok(Running(child))
+}
+
+fn policy(base: &str) -> String {
+    format!(
+        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: orders}}\nspec:\n  queues: [orders]\n  backoff: {{strategy: constant, base: {base}, jitter: {{kind: none}}}}\n  maxAttempts: 5\n"
+    )
+}
+
+async fn delay_for_orders(client: &mut RetryAdvisorClient<Channel>) -> Option<(u64, String)> {
+    let request = DecideRequest {
+        queue: "orders".into(),
+        attempt: 1,
+        job_id: "order-1".into(),
+        ..DecideRequest::default()
+    };
+    let answer = client.decide(request).await.ok()?.into_inner();
+    Some((answer.delay_ms, answer.policy?.config_hash))
+}
+
+/// Polls until the sidecar answers `want_ms`; returns how long that took and the hash.
+async fn wait_for_delay(
+    client: &mut RetryAdvisorClient<Channel>,
+    want_ms: u64,
+) -> Result<(Duration, String)> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if let Some((delay, hash)) = delay_for_orders(client).await
+            && delay == want_ms
+        {
+            return Ok((start.elapsed(), hash));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("the sidecar never answered {want_ms} ms")
+}
+
+fn configmap_hash(env: &TestEnv) -> Result<String> {
+    let out = env
+        .kubectl([
+            "get",
+            "configmap",
+            "rebound-policies",
+            "-o",
+            "jsonpath={.data.policies\\.json}",
+        ])?
+        .ok()?;
+    let doc = rebound_policy::CompiledDocument::from_json(out.stdout.as_bytes())?;
+    Ok(doc.hash)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_reaches_the_sidecar_through_the_operator() -> Result<()> {
+    let env = TestEnv::new("e2e").await?;
+    let ns = env.namespace.clone();
+    let _operator = spawn(
+        "rebound-operator",
+        &env,
+        &[
+            format!("--namespaces={ns}"),
+            "--leader-elect=false".into(),
+            format!("--metrics-addr={}", free_port()?),
+        ],
+    )?;
+    env.kubectl_stdin(["apply", "-f", "-"], &policy("2s"))?
+        .ok()?;
+    env.kubectl([
+        "wait",
+        "--for=condition=Ready",
+        "retrypolicy/orders",
+        "--timeout=60s",
+    ])?
+    .ok()?;
+
+    let grpc = free_port()?;
+    let _sidecar = spawn(
+        "rebound-sidecar",
+        &env,
+        &[
+            format!("--configmap={ns}/rebound-policies"),
+            format!("--listen={grpc}"),
+            "--no-admin".into(),
+        ],
+    )?;
+    let mut client = connect(grpc).await?;
+    let (_, first_hash) = wait_for_delay(&mut client, 2_000).await?;
+    assert_eq!(
+        first_hash,
+        configmap_hash(&env)?,
+        "the sidecar serves the operator's document"
+    );
+
+    // Propagation: apply → operator → ConfigMap → watch → new answers.
+    let applied = Instant::now();
+    env.kubectl_stdin(["apply", "-f", "-"], &policy("5s"))?
+        .ok()?;
+    let (_, second_hash) = wait_for_delay(&mut client, 5_000).await?;
+    let propagation = applied.elapsed();
+    assert_ne!(first_hash, second_hash);
+    assert_eq!(second_hash, configmap_hash(&env)?);
+    eprintln!(
+        "kubectl apply → sidecar answer changed in {} ms",
+        propagation.as_millis()
+    );
+    Ok(())
+}
+
+async fn connect(addr: SocketAddr) -> Result<RetryAdvisorClient<Channel>> {
+    let start = Instant::now();
+    loop {
+        match rebound_sidecar::client::tcp_channel(addr).await {
+            Ok(channel) => return Ok(RetryAdvisorClient::new(channel)),
+            Err(e) if start.elapsed() > Duration::from_secs(30) => {
+                return Err(e).context("connecting to the sidecar");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}

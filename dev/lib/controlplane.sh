@@ -50,7 +50,23 @@ cp_pid_alive() {
   [[ "$cmd" == *"/$name "* && "$cmd" == *"$(dirname "$pidfile")/"* ]]
 }
 
-# After `setsid BIN ... &`, waits until the child has exec'd BIN (its cmdline shows it).
+# Starts BIN ARGS... in a session of its own, in the background, and records its real PID
+# in PIDFILE. (`setsid` forks when its caller leads a process group, as under job control,
+# so `$!` is not always the daemon's PID; the PID is written from inside instead.)
+cp_launch() {
+  local pidfile="$1" i
+  shift
+  rm -f "$pidfile"
+  # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
+  setsid bash -c 'echo "$$" >"$0" && exec "$@"' "$pidfile" "$@" &
+  for ((i = 0; i < 200; i++)); do
+    [[ -s "$pidfile" ]] && return 0
+    sleep 0.01
+  done
+  return 1
+}
+
+# After `cp_launch`, waits until the child has exec'd BIN (its cmdline shows it).
 cp_wait_exec() {
   local pid="$1" name="$2" i cmd
   for ((i = 0; i < 100; i++)); do
@@ -208,7 +224,7 @@ cp_start_etcd() {
     mkdir -p "$state/etcd-data" "$state/logs"
     chmod 700 "$state/etcd-data"
     echo "--- $(date -Is) starting etcd" >>"$state/logs/etcd.log"
-    setsid "$bin/etcd" \
+    cp_launch "$state/etcd.pid" "$bin/etcd" \
       --name=rebound-dev \
       --data-dir="$state/etcd-data" \
       --listen-client-urls="http://127.0.0.1:$ETCD_CLIENT_PORT" \
@@ -218,9 +234,8 @@ cp_start_etcd() {
       --initial-cluster="rebound-dev=http://127.0.0.1:$ETCD_PEER_PORT" \
       --unsafe-no-fsync=true \
       --log-level=warn \
-      </dev/null >>"$state/logs/etcd.log" 2>&1 8>&- &
-    echo "$!" >"$state/etcd.pid"
-    cp_wait_exec "$!" etcd || true
+      </dev/null >>"$state/logs/etcd.log" 2>&1 8>&- || true
+    cp_wait_exec "$(cat "$state/etcd.pid" 2>/dev/null)" etcd || true
     for ((i = 0; i < 300; i++)); do
       if ! cp_pid_alive "$state/etcd.pid" etcd; then
         break
@@ -256,7 +271,7 @@ cp_start_apiserver() {
     fi
     mkdir -p "$state/logs"
     echo "--- $(date -Is) starting kube-apiserver" >>"$state/logs/kube-apiserver.log"
-    setsid "$bin/kube-apiserver" \
+    cp_launch "$state/kube-apiserver.pid" "$bin/kube-apiserver" \
       --etcd-servers="http://127.0.0.1:$ETCD_CLIENT_PORT" \
       --bind-address=127.0.0.1 \
       --advertise-address=127.0.0.1 \
@@ -273,9 +288,8 @@ cp_start_apiserver() {
       --disable-admission-plugins=ServiceAccount \
       --endpoint-reconciler-type=none \
       --profiling=false \
-      </dev/null >>"$state/logs/kube-apiserver.log" 2>&1 8>&- &
-    echo "$!" >"$state/kube-apiserver.pid"
-    cp_wait_exec "$!" kube-apiserver || true
+      </dev/null >>"$state/logs/kube-apiserver.log" 2>&1 8>&- || true
+    cp_wait_exec "$(cat "$state/kube-apiserver.pid" 2>/dev/null)" kube-apiserver || true
     if cp_wait_apiserver "$state"; then
       return 0
     fi

@@ -211,7 +211,7 @@ impl Compilation {
 /// first, then name), gives each pattern to the first policy that declares it, and builds
 /// the document. Pure and deterministic: the same inputs always give the same hash.
 pub fn compile(namespace: &str, mut sources: Vec<PolicySource>) -> Compilation {
-    sources.sort_by(|a, b| pattern::precedence(("", a.created, &a.name), ("", b.created, &b.name)));
+    sources.sort_by(|a, b| pattern::policy_order((a.created, &a.name), (b.created, &b.name)));
     let mut owner: HashMap<String, String> = HashMap::new();
     let mut policies = Vec::new();
     let mut outcomes = Vec::new();

@@ -8,6 +8,8 @@ use std::cmp::Ordering;
 
 /// The regular expression the CRD schema uses for queue names, patterns and error classes.
 pub const NAME_PATTERN: &str = r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$";
+/// The same grammar without `*`, for names that must not be patterns (dead-letter queues).
+pub const PLAIN_NAME_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$";
 /// Longest accepted queue name, pattern or error class.
 pub const MAX_NAME_LEN: usize = 253;
 
@@ -100,15 +102,10 @@ impl Specificity {
     }
 }
 
-/// Orders two claims on a queue: the more specific pattern first, then the older policy,
-/// then the policy name. `Ordering::Less` means `a` wins.
-pub fn precedence(a: (&str, Option<i64>, &str), b: (&str, Option<i64>, &str)) -> Ordering {
-    let (a_pattern, a_created, a_name) = a;
-    let (b_pattern, b_created, b_name) = b;
-    Specificity::of(b_pattern)
-        .cmp(&Specificity::of(a_pattern))
-        .then_with(|| created_order(a_created, b_created))
-        .then_with(|| a_name.cmp(b_name))
+/// Orders policies for precedence between equally specific patterns: the older policy
+/// first, then the name that sorts first. `Ordering::Less` means `a` wins.
+pub fn policy_order(a: (Option<i64>, &str), b: (Option<i64>, &str)) -> Ordering {
+    created_order(a.0, b.0).then_with(|| a.1.cmp(b.1))
 }
 
 /// Older first; a policy without a creation time (not yet stored) sorts after stored ones.
@@ -154,19 +151,18 @@ mod tests {
 
     #[test]
     fn specificity_orders_exact_then_prefix() {
-        let by = |a: &str, b: &str| precedence((a, Some(0), "a"), (b, Some(0), "b"));
-        assert_eq!(by("emails", "email*"), Ordering::Less);
-        assert_eq!(by("email*", "e*"), Ordering::Less);
-        assert_eq!(by("*", "e*"), Ordering::Greater);
-        // Same pattern: older policy wins, then name.
-        assert_eq!(
-            precedence(("q", Some(5), "z"), ("q", Some(9), "a")),
-            Ordering::Less
-        );
-        assert_eq!(
-            precedence(("q", Some(5), "a"), ("q", Some(5), "b")),
-            Ordering::Less
-        );
+        let more_specific = |a: &str, b: &str| Specificity::of(a) > Specificity::of(b);
+        assert!(more_specific("emails", "email*"));
+        assert!(more_specific("email*", "e*"));
+        assert!(more_specific("e*", "*"));
+        assert!(more_specific("a*b*c", "a*b"));
+    }
+
+    #[test]
+    fn older_policy_wins_then_name() {
+        assert_eq!(policy_order((Some(5), "z"), (Some(9), "a")), Ordering::Less);
+        assert_eq!(policy_order((Some(5), "a"), (Some(5), "b")), Ordering::Less);
+        assert_eq!(policy_order((None, "a"), (Some(9), "b")), Ordering::Greater);
     }
 
     proptest! {

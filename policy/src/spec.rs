@@ -12,7 +12,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::duration::KubeDuration;
+use crate::{
+    duration::KubeDuration,
+    pattern::{MAX_NAME_LEN, NAME_PATTERN, PLAIN_NAME_PATTERN},
+};
 
 /// Bounds shared by the CRD schema and the Rust validator.
 pub mod limits {
@@ -68,11 +71,8 @@ pub mod limits {
 pub struct RetryPolicySpec {
     /// Queue names this policy governs: exact names or `*` globs.
     #[schemars(
-        length(min = 1, max = 64),
-        inner(
-            length(max = 253),
-            regex(pattern = r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$")
-        )
+        length(min = 1, max = limits::MAX_QUEUES),
+        inner(length(max = MAX_NAME_LEN), regex(pattern = NAME_PATTERN))
     )]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub queues: Vec<String>,
@@ -85,7 +85,7 @@ pub struct RetryPolicySpec {
     /// Runs allowed including the first; 5 means 4 retries. Default 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // The API server knows int32/int64 formats, not uint32.
-    #[schemars(range(min = 1, max = 10000), with = "Option<i32>")]
+    #[schemars(range(min = 1, max = limits::MAX_ATTEMPTS), with = "Option<i32>")]
     pub max_attempts: Option<u32>,
 
     /// Give up when the next run would start later than this after the first failure.
@@ -95,11 +95,8 @@ pub struct RetryPolicySpec {
     /// Error classes (names or `*` globs) that end the job at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
-        length(max = 64),
-        inner(
-            length(max = 253),
-            regex(pattern = r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$")
-        )
+        length(max = limits::MAX_ERROR_CLASSES),
+        inner(length(max = MAX_NAME_LEN), regex(pattern = NAME_PATTERN))
     )]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub non_retryable_errors: Vec<String>,
@@ -131,7 +128,7 @@ pub struct Backoff {
     pub base: Option<KubeDuration>,
     /// Growth factor per retry; exponential only. Default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1.0, max = 100.0))]
+    #[schemars(range(min = 1.0, max = limits::MAX_MULTIPLIER))]
     pub multiplier: Option<f64>,
     /// Longest delay before jitter. Default 10m, or the base / longest schedule entry if longer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -141,7 +138,7 @@ pub struct Backoff {
     pub jitter: Option<Jitter>,
     /// Explicit delays for strategy `schedule`; the last one repeats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 100))]
+    #[schemars(length(min = 1, max = limits::MAX_SCHEDULE))]
     pub schedule: Option<Vec<KubeDuration>>,
 }
 
@@ -200,7 +197,7 @@ pub struct Terminal {
     pub action: TerminalAction,
     /// Where dead-lettered jobs go; required with `deadLetter`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"))]
+    #[schemars(length(max = MAX_NAME_LEN), regex(pattern = PLAIN_NAME_PATTERN))]
     pub dead_letter_queue: Option<String>,
 }
 

@@ -297,16 +297,9 @@ fn ask(
         .map_or("default", |p| p.namespace())
         .to_owned();
     let sources = loaded
-        .into_iter()
+        .iter()
         .filter(|p| p.namespace() == namespace)
-        .map(|p| PolicySource {
-            name: p.name().to_owned(),
-            namespace: p.namespace().to_owned(),
-            uid: String::new(),
-            generation: 0,
-            created: None,
-            spec: p.object.spec,
-        })
+        .map(|p| PolicySource::from_object(&p.object, &p.namespace))
         .collect();
     let table = rebound_policy::PolicyTable::new(&compile(&namespace, sources).document);
     let Some(entry) = table.lookup(queue) else {

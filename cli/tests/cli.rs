@@ -95,9 +95,8 @@ fn errors_are_one_line_without_a_backtrace() {
     }
 }
 
-#[test]
-fn simulate_json_keeps_its_contract() {
-    let out = rebound(&[
+fn simulate_payments_json() -> Output {
+    rebound(&[
         "simulate",
         "-f",
         "examples/policies/payments.yaml",
@@ -107,7 +106,12 @@ fn simulate_json_keeps_its_contract() {
         "3",
         "-o",
         "json",
-    ]);
+    ])
+}
+
+#[test]
+fn simulate_json_keeps_its_contract() {
+    let out = simulate_payments_json();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let policy = &json["policies"][0];
@@ -129,17 +133,7 @@ fn simulate_json_keeps_its_contract() {
     assert!(g["p50"].as_u64() <= g["p99"].as_u64() && g["p99"].as_u64() <= g["max"].as_u64());
     assert_eq!(policy["terminal"], "deadLetter:payments-review");
 
-    let again = rebound(&[
-        "simulate",
-        "-f",
-        "examples/policies/payments.yaml",
-        "--samples",
-        "2000",
-        "--seed",
-        "3",
-        "-o",
-        "json",
-    ]);
+    let again = simulate_payments_json();
     assert_eq!(out.stdout, again.stdout, "same seed, same output");
 }
 

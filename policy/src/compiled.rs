@@ -170,6 +170,25 @@ pub struct PolicySource {
     pub spec: RetryPolicySpec,
 }
 
+impl PolicySource {
+    /// The compiler's view of a RetryPolicy object; `default_namespace` applies when the
+    /// object names none (a manifest not yet applied).
+    pub fn from_object(policy: &crate::RetryPolicy, default_namespace: &str) -> Self {
+        let meta = &policy.metadata;
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta
+                .namespace
+                .clone()
+                .unwrap_or_else(|| default_namespace.to_owned()),
+            uid: meta.uid.clone().unwrap_or_default(),
+            generation: meta.generation.unwrap_or(0),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+            spec: policy.spec.clone(),
+        }
+    }
+}
+
 /// What compiling did to one policy.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PolicyOutcome {

@@ -291,18 +291,7 @@ async fn hashes(
     let sources = items
         .iter()
         .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-        .map(|p| PolicySource {
-            name: p.metadata.name.clone().unwrap_or_default(),
-            namespace: ns.to_owned(),
-            uid: p.metadata.uid.clone().unwrap_or_default(),
-            generation: p.metadata.generation.unwrap_or(0),
-            created: p
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second()),
-            spec: p.spec.clone(),
-        })
+        .map(|p| PolicySource::from_object(p, ns))
         .collect();
     let expected = compile(ns, sources).document.hash;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);

@@ -206,18 +206,7 @@ pub async fn expected_document(client: &kube::Client, ns: &str) -> Result<Compil
     let sources = list
         .items
         .into_iter()
-        .map(|p| PolicySource {
-            name: p.metadata.name.clone().unwrap_or_default(),
-            namespace: ns.to_owned(),
-            uid: p.metadata.uid.clone().unwrap_or_default(),
-            generation: p.metadata.generation.unwrap_or(0),
-            created: p
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second()),
-            spec: p.spec,
-        })
+        .map(|p| PolicySource::from_object(&p, ns))
         .collect();
     Ok(compile(ns, sources).document)
 }

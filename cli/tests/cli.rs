@@ -180,28 +180,20 @@ fn ask_answers_like_the_sidecar() {
         stdout.starts_with("GIVE_UP → deadLetter:payments-review"),
         "{stdout}"
     );
-    let a = rebound(&[
-        "ask",
-        "-f",
-        "examples/policies/webhooks.yaml",
-        "--queue",
-        "webhooks-eu",
-        "--attempt",
-        "3",
-        "--job-id",
-        "42",
-    ]);
-    let b = rebound(&[
-        "ask",
-        "-f",
-        "examples/policies/webhooks.yaml",
-        "--queue",
-        "webhooks-eu",
-        "--attempt",
-        "3",
-        "--job-id",
-        "42",
-    ]);
+    let ask_twice_asked_question = || {
+        rebound(&[
+            "ask",
+            "-f",
+            "examples/policies/webhooks.yaml",
+            "--queue",
+            "webhooks-eu",
+            "--attempt",
+            "3",
+            "--job-id",
+            "42",
+        ])
+    };
+    let (a, b) = (ask_twice_asked_question(), ask_twice_asked_question());
     assert!(text(&a.stdout).starts_with("RETRY in"));
     assert_eq!(a.stdout, b.stdout);
 }

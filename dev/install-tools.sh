@@ -16,7 +16,11 @@ log() { echo "install-tools: $*" >&2; }
 requirements="$repo_root/sidecar/tests/python/requirements.txt"
 if ! python3 -c 'import grpc, grpc_tools, grpc_health, grpc_reflection' 2>/dev/null; then
   log "installing Python packages from ${requirements#"$repo_root"/}"
-  python3 -m pip install --quiet --disable-pip-version-check -r "$requirements" >&2
+  # A Debian system Python refuses plain installs (PEP 668); the test packages are
+  # self-contained wheels, so allow them there.
+  python3 -m pip install --quiet --disable-pip-version-check -r "$requirements" >&2 ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+      -r "$requirements" >&2
 fi
 
 if [[ ! -x "$tools_bin/grpcurl" ]] || ! grep -qs "$grpcurl_version" "$tools_bin/.grpcurl-version"; then

@@ -221,10 +221,24 @@ fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Repla
     jittered.clamp(0.0, cap) as u64
 }
 
-/// `base × multiplier^(k−1)`; past ~1100 doublings this is +inf, which `min(cap)` absorbs.
+/// `base × multiplier^(k−1)`, the power by binary exponentiation in one fixed order
+/// (lowest bit first) using only IEEE-754 multiplications, so every language with `f64`
+/// gets the same bits (`powi`/`pow` give no such guarantee). Past ~1100 doublings the
+/// power is +inf, which `min(cap)` absorbs; multipliers are ≥ 1, so never NaN.
 fn exponential(base: f64, multiplier: f64, k: u32) -> f64 {
-    let exponent = i32::try_from(k.saturating_sub(1)).unwrap_or(i32::MAX);
-    base * multiplier.powi(exponent)
+    let mut power = 1.0;
+    let mut square = multiplier;
+    let mut exponent = k.saturating_sub(1);
+    while exponent > 0 {
+        if exponent & 1 == 1 {
+            power *= square;
+        }
+        exponent >>= 1;
+        if exponent > 0 {
+            square *= square;
+        }
+    }
+    base * power
 }
 
 /// Where a replay of decorrelated jitter stopped, so a caller walking retries 1, 2, 3…

@@ -14,6 +14,7 @@ pub mod pattern;
 pub mod resolve;
 pub mod simulate;
 pub mod spec;
+pub mod vectors;
 
 pub use compiled::{
     Compilation, CompiledDocument, CompiledPolicy, PolicyOutcome, PolicySource, PolicyTable,

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     decide::Policy,
-    pattern::{self, Specificity},
+    pattern::{self, Glob, Specificity},
     resolve::{FieldError, ResolvedPolicy, resolve},
     spec::RetryPolicySpec,
 };
@@ -282,13 +282,67 @@ pub struct TableEntry {
 }
 
 /// Queue → policy lookup over one compiled document.
+///
+/// Exact names are a hash lookup. Globs sit in a trie keyed by their literal prefix, so
+/// a lookup walks the queue name once and tries only globs whose prefix the name has,
+/// longest prefix first; each try is linear ([`Glob`]). No pattern is scanned whose
+/// prefix cannot match, and no try backtracks.
 #[derive(Debug)]
 pub struct PolicyTable {
     hash: String,
     entries: Vec<TableEntry>,
     exact: HashMap<String, usize>,
     /// (pattern, entry) sorted by specificity, most specific first; stable on entry order.
-    globs: Vec<(String, usize)>,
+    globs: Vec<(Glob, usize)>,
+    prefixes: PrefixTrie,
+}
+
+/// Literal prefixes of the globs; each node lists the globs (indices into
+/// `PolicyTable::globs`, ascending, so in precedence order) whose prefix ends there.
+#[derive(Debug, Default)]
+struct PrefixTrie {
+    nodes: Vec<TrieNode>,
+}
+
+#[derive(Debug, Default)]
+struct TrieNode {
+    /// Sorted by byte.
+    children: Vec<(u8, usize)>,
+    globs: Vec<usize>,
+}
+
+impl PrefixTrie {
+    fn build<'a>(prefixes: impl Iterator<Item = &'a [u8]>) -> Self {
+        let mut trie = PrefixTrie {
+            nodes: vec![TrieNode::default()],
+        };
+        for (glob, prefix) in prefixes.enumerate() {
+            let mut node = 0;
+            for &b in prefix {
+                node = match trie.child(node, b) {
+                    Some(next) => next,
+                    None => {
+                        let next = trie.nodes.len();
+                        trie.nodes.push(TrieNode::default());
+                        let children = &mut trie.nodes[node].children;
+                        let at = children.partition_point(|&(c, _)| c < b);
+                        children.insert(at, (b, next));
+                        next
+                    }
+                };
+            }
+            trie.nodes[node].globs.push(glob);
+        }
+        trie
+    }
+
+    fn child(&self, node: usize, b: u8) -> Option<usize> {
+        let children = &self.nodes[node].children;
+        children
+            .binary_search_by_key(&b, |&(c, _)| c)
+            .ok()
+            .map(|i| children[i].1)
+    }
 }
 
 impl PolicyTable {
@@ -314,23 +368,57 @@ impl PolicyTable {
         globs.sort_by(|(a, ai), (b, bi)| {
             Specificity::of(b).cmp(&Specificity::of(a)).then(ai.cmp(bi))
         });
+        let globs: Vec<(Glob, usize)> = globs
+            .into_iter()
+            .map(|(pattern, index)| (Glob::new(&pattern), index))
+            .collect();
+        let prefixes = PrefixTrie::build(globs.iter().map(|(g, _)| g.literal_prefix()));
         Self {
             hash: doc.hash.clone(),
             entries,
             exact,
             globs,
+            prefixes,
         }
     }
 
     /// The policy that governs `queue`: an exact name first, then the most specific glob.
     pub fn lookup(&self, queue: &str) -> Option<&TableEntry> {
-        let index = self.exact.get(queue).copied().or_else(|| {
-            self.globs
-                .iter()
-                .find(|(pattern, _)| pattern::matches(pattern, queue))
-                .map(|(_, i)| *i)
-        })?;
+        self.lookup_counting(queue, &mut 0)
+    }
+
+    /// [`PolicyTable::lookup`], adding the matching work done (trie levels walked plus
+    /// glob byte steps) to `steps`, so tests can bound it without timing.
+    pub fn lookup_counting(&self, queue: &str, steps: &mut u64) -> Option<&TableEntry> {
+        *steps += 1;
+        let index = match self.exact.get(queue) {
+            Some(&i) => i,
+            None => self.glob_lookup(queue, steps)?,
+        };
         self.entries.get(index)
+    }
+
+    fn glob_lookup(&self, queue: &str, steps: &mut u64) -> Option<usize> {
+        // The trie is at most MAX_NAME_LEN deep; the path holds the root and one node per level.
+        let mut path = [0usize; pattern::MAX_NAME_LEN + 1];
+        let mut depth = 0;
+        for &b in queue.as_bytes() {
+            *steps += 1;
+            match self.prefixes.child(path[depth], b) {
+                Some(next) if depth < pattern::MAX_NAME_LEN => {
+                    depth += 1;
+                    path[depth] = next;
+                }
+                _ => break,
+            }
+        }
+        // Longer literal prefixes are more specific, so deeper nodes come first.
+        path[..=depth].iter().rev().find_map(|&node| {
+            self.prefixes.nodes[node].globs.iter().find_map(|&g| {
+                let (glob, entry) = &self.globs[g];
+                glob.matches_counting(queue, steps).then_some(*entry)
+            })
+        })
     }
 
     pub fn hash(&self) -> &str {

@@ -8,7 +8,7 @@
 use std::cell::Cell;
 
 use crate::{
-    pattern,
+    pattern::Glob,
     resolve::{Disposition, ResolvedPolicy},
     spec::{JitterKind, Strategy},
 };
@@ -19,6 +19,8 @@ pub struct Policy {
     identity: String,
     identity_seed: u64,
     params: ResolvedPolicy,
+    /// `params.non_retryable_errors`, prepared for linear-time matching.
+    non_retryable: Vec<Glob>,
 }
 
 impl Policy {
@@ -28,8 +30,22 @@ impl Policy {
         Self {
             identity_seed: hash_bytes(identity.as_bytes()),
             identity,
+            non_retryable: params
+                .non_retryable_errors
+                .iter()
+                .map(|p| Glob::new(p))
+                .collect(),
             params,
         }
+    }
+
+    /// The first non-retryable pattern that `error_class` matches, adding the matching
+    /// work to `steps` (for cost tests).
+    pub fn non_retryable_match(&self, error_class: &str, steps: &mut u64) -> Option<&str> {
+        self.non_retryable
+            .iter()
+            .find(|glob| glob.matches_counting(error_class, steps))
+            .map(Glob::as_str)
     }
 
     pub fn identity(&self) -> &str {
@@ -154,14 +170,11 @@ pub fn decide_with(
     };
 
     if let Some(class) = ctx.error_class
-        && let Some(pattern) = p
-            .non_retryable_errors
-            .iter()
-            .find(|pattern| pattern::matches(pattern, class))
+        && let Some(pattern) = policy.non_retryable_match(class, &mut 0)
     {
         return give_up(GiveUpReason::NonRetryable {
             error_class: class.to_owned(),
-            pattern: pattern.clone(),
+            pattern: pattern.to_owned(),
         });
     }
     if attempt >= p.max_attempts {

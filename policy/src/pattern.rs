@@ -58,27 +58,150 @@ pub fn check_name(text: &str) -> Result<(), PatternError> {
 }
 
 /// Whether `name` matches `pattern`, where `*` matches any run of characters (also none).
-/// Iterative with one backtrack point: linear in practice, never recursive.
+/// Prepares the pattern on every call; hot paths keep a [`Glob`].
 pub fn matches(pattern: &str, name: &str) -> bool {
-    let (p, n) = (pattern.as_bytes(), name.as_bytes());
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        if pi < p.len() && p[pi] == b'*' {
-            star = Some((pi, ni));
-            pi += 1;
-        } else if pi < p.len() && p[pi] == n[ni] {
-            pi += 1;
-            ni += 1;
-        } else if let Some((sp, sn)) = star {
-            pi = sp + 1;
-            ni = sn + 1;
-            star = Some((sp, sn + 1));
-        } else {
-            return false;
+    Glob::new(pattern).matches(name)
+}
+
+/// A pattern prepared for matching in time linear in the name and the pattern, whatever
+/// both contain: the literal prefix (before the first `*`) and suffix (after the last)
+/// are compared in place, the suffix from its end; the literal runs between stars are
+/// found leftmost-first with Knuth–Morris–Pratt, which is exact for `*`-only globs. At
+/// most `|prefix| + |suffix| + 2·|name| + Σ|run|` byte steps, never a backtrack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Glob {
+    text: String,
+    /// `None` for an exact name.
+    parts: Option<Parts>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Parts {
+    prefix: Box<[u8]>,
+    suffix: Box<[u8]>,
+    runs: Vec<Run>,
+}
+
+/// A literal run between two stars with its KMP failure table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Run {
+    bytes: Box<[u8]>,
+    /// `failure[i]`: length of the longest proper border of `bytes[..=i]`.
+    failure: Box<[usize]>,
+}
+
+impl Run {
+    fn new(bytes: &[u8]) -> Self {
+        let mut failure = vec![0; bytes.len()];
+        let mut k = 0;
+        for i in 1..bytes.len() {
+            while k > 0 && bytes[i] != bytes[k] {
+                k = failure[k - 1];
+            }
+            if bytes[i] == bytes[k] {
+                k += 1;
+            }
+            failure[i] = k;
+        }
+        Self {
+            bytes: bytes.into(),
+            failure: failure.into(),
         }
     }
-    p[pi..].iter().all(|&b| b == b'*')
+
+    /// End of the leftmost occurrence in `text`. Each step either advances in `text` or
+    /// shrinks the partial match, so steps ≤ 2·|text|.
+    fn find_end(&self, text: &[u8], steps: &mut u64) -> Option<usize> {
+        let mut k = 0;
+        for (i, &b) in text.iter().enumerate() {
+            *steps += 1;
+            while k > 0 && b != self.bytes[k] {
+                *steps += 1;
+                k = self.failure[k - 1];
+            }
+            if b == self.bytes[k] {
+                k += 1;
+                if k == self.bytes.len() {
+                    return Some(i + 1);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Glob {
+    pub fn new(pattern: &str) -> Self {
+        let bytes = pattern.as_bytes();
+        let parts = pattern.find('*').map(|first| {
+            let last = pattern.rfind('*').unwrap_or(first);
+            let runs = bytes[first + 1..last.max(first + 1)]
+                .split(|&b| b == b'*')
+                .filter(|run| !run.is_empty())
+                .map(Run::new)
+                .collect();
+            Parts {
+                prefix: bytes[..first].into(),
+                suffix: bytes[last + 1..].into(),
+                runs,
+            }
+        });
+        Self {
+            text: pattern.to_owned(),
+            parts,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The literal text before the first `*` (all of it for an exact name).
+    pub fn literal_prefix(&self) -> &[u8] {
+        match &self.parts {
+            Some(parts) => &parts.prefix,
+            None => self.text.as_bytes(),
+        }
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        self.matches_counting(name, &mut 0)
+    }
+
+    /// [`Glob::matches`], adding the byte steps taken to `steps` (for cost tests).
+    pub fn matches_counting(&self, name: &str, steps: &mut u64) -> bool {
+        let name = name.as_bytes();
+        let Some(parts) = &self.parts else {
+            *steps += 1;
+            return name == self.text.as_bytes();
+        };
+        let (prefix, suffix) = (&parts.prefix[..], &parts.suffix[..]);
+        if name.len() < prefix.len() + suffix.len() {
+            *steps += 1;
+            return false;
+        }
+        // The suffix from its last byte: names differing at the end fail at once.
+        for (a, b) in name.iter().rev().zip(suffix.iter().rev()) {
+            *steps += 1;
+            if a != b {
+                return false;
+            }
+        }
+        for (a, b) in name.iter().zip(prefix) {
+            *steps += 1;
+            if a != b {
+                return false;
+            }
+        }
+        let mut rest = &name[prefix.len()..name.len() - suffix.len()];
+        for run in &parts.runs {
+            match run.find_end(rest, steps) {
+                Some(end) => rest = &rest[end..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 /// How specific a pattern is; greater is more specific.
@@ -169,6 +292,24 @@ mod tests {
         #[test]
         fn literal_pattern_matches_only_itself(a in "[a-z.]{0,12}", b in "[a-z.]{0,12}") {
             prop_assert_eq!(matches(&a, &b), a == b);
+        }
+
+        #[test]
+        fn glob_agrees_with_a_dynamic_programming_oracle(pattern in "[ab*]{0,10}", name in "[ab]{0,12}") {
+            // table[i][j]: pattern[..i] matches name[..j].
+            let (p, n) = (pattern.as_bytes(), name.as_bytes());
+            let mut table = vec![vec![false; n.len() + 1]; p.len() + 1];
+            table[0][0] = true;
+            for i in 1..=p.len() {
+                for j in 0..=n.len() {
+                    table[i][j] = if p[i - 1] == b'*' {
+                        table[i - 1][j] || (j > 0 && table[i][j - 1])
+                    } else {
+                        j > 0 && p[i - 1] == n[j - 1] && table[i - 1][j - 1]
+                    };
+                }
+            }
+            prop_assert_eq!(matches(&pattern, &name), table[p.len()][n.len()]);
         }
 
         #[test]

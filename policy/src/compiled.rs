@@ -25,7 +25,7 @@ pub const MAX_DOCUMENT_BYTES: usize = 900 * 1024;
 
 /// One namespace's compiled policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CompiledDocument {
     pub format: String,
     pub namespace: String,
@@ -37,7 +37,7 @@ pub struct CompiledDocument {
 
 /// One policy as the sidecar needs it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CompiledPolicy {
     pub name: String,
     pub namespace: String,
@@ -134,7 +134,6 @@ impl CompiledDocument {
 
 /// The document with `policies` kept as the exact input bytes, for hashing.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawDocument<'a> {
     format: String,
     namespace: String,

@@ -88,6 +88,51 @@ fn unknown_field(v: &Value) -> Option<String> {
         .map(|k| format!("metadata.{k}"))
 }
 
+/// The CRD's OpenAPI schema of `spec`, the same one the API server's strict field
+/// validation uses.
+fn spec_schema() -> std::sync::Arc<Value> {
+    static SCHEMA: std::sync::OnceLock<std::sync::Arc<Value>> = std::sync::OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            use kube::CustomResourceExt;
+            let crd = serde_json::to_value(RetryPolicy::crd()).unwrap_or_default();
+            let spec = crd
+                .pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec")
+                .cloned()
+                .unwrap_or_default();
+            std::sync::Arc::new(spec)
+        })
+        .clone()
+}
+
+/// Fields the schema does not declare, as API-server paths (`spec.backoff.jiter`). The
+/// Rust types ignore unknown fields so an operator reading a newer CRD keeps working;
+/// people are told here, as `kubectl apply` would tell them.
+fn unknown_schema_fields(schema: &Value, value: &Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                return;
+            };
+            for (key, item) in map {
+                let path = format!("{at}.{key}");
+                match props.get(key) {
+                    Some(sub) => unknown_schema_fields(sub, item, &path, out),
+                    None => out.push(path),
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    unknown_schema_fields(item_schema, item, &format!("{at}[{i}]"), out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 fn field_error(field: impl Into<String>, message: impl Into<String>) -> Vec<FieldError> {
     vec![FieldError {
         field: field.into(),
@@ -109,6 +154,19 @@ fn check_document(v: Value) -> Result<(RetryPolicy, ResolvedPolicy), Vec<FieldEr
     }
     if let Some(field) = unknown_field(&v) {
         return Err(field_error(field, "unknown field"));
+    }
+    if let Some(spec) = v.get("spec") {
+        let mut unknown = Vec::new();
+        unknown_schema_fields(&spec_schema(), spec, "spec", &mut unknown);
+        if !unknown.is_empty() {
+            return Err(unknown
+                .into_iter()
+                .map(|field| FieldError {
+                    field,
+                    message: "unknown field".to_owned(),
+                })
+                .collect());
+        }
     }
     let policy: RetryPolicy = serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();

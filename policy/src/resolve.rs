@@ -45,7 +45,7 @@ impl std::fmt::Display for FieldError {
 
 /// What to do with a job the policy has given up on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "action", rename_all = "camelCase", deny_unknown_fields)]
+#[serde(tag = "action", rename_all = "camelCase")]
 pub enum Disposition {
     /// Leave the job to the library's own failed state.
     Drop,
@@ -68,7 +68,7 @@ impl std::fmt::Display for Disposition {
 /// Every parameter of a policy with defaults applied; what `decide` runs on and what the
 /// compiled document carries.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ResolvedPolicy {
     pub strategy: Strategy,
     pub base_ms: u64,

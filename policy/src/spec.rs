@@ -67,7 +67,7 @@ pub mod limits {
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RetryPolicySpec {
     /// Queue names this policy governs: exact names or `*` globs.
     #[schemars(
@@ -109,7 +109,7 @@ pub struct RetryPolicySpec {
 
 /// The delay curve.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = crate::spec::rules::CAP_AT_LEAST_BASE.to_rule(),
     validation = crate::spec::rules::MULTIPLIER_ONLY_EXPONENTIAL.to_rule(),
@@ -161,7 +161,7 @@ pub enum Strategy {
 
 /// Randomisation applied to the capped delay.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[x_kube(validation = crate::spec::rules::RATIO_ONLY_PROPORTIONAL.to_rule())]
 pub struct Jitter {
     pub kind: JitterKind,
@@ -188,7 +188,7 @@ pub enum JitterKind {
 
 /// What happens when the policy gives up.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = crate::spec::rules::DEAD_LETTER_NEEDS_QUEUE.to_rule(),
     validation = crate::spec::rules::QUEUE_ONLY_FOR_DEAD_LETTER.to_rule()

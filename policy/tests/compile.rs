@@ -176,3 +176,29 @@ fn simulation_gives_up_after_max_attempts_with_the_sum_of_delays() {
         "same seed, same figures"
     );
 }
+
+/// A newer writer may add fields this build does not know: readers ignore them (see
+/// docs/compiled-format.md), and the hash still covers the bytes as written.
+#[test]
+fn documents_with_fields_from_a_newer_writer_are_read() {
+    use rebound_policy::CompiledDocument;
+    let policies = r#"[{"name":"p","namespace":"ns","uid":"u","generation":2,"queues":["q"],"priority":7,"params":{"strategy":"constant","baseMs":1000,"multiplier":1.0,"capMs":1000,"jitter":"none","jitterRatio":0.0,"maxAttempts":3,"terminal":{"action":"deadLetter","deadLetterQueue":"dlq","retainFor":"7d"},"spreadAcrossZones":true}}]"#;
+    let hash = {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(policies.as_bytes());
+        format!(
+            "sha256:{}",
+            digest
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )
+    };
+    let doc = format!(
+        r#"{{"format":"rebound.dev/compiled-policies/v1","namespace":"ns","hash":"{hash}","writtenBy":"rebound-operator 9.9","policies":{policies}}}"#
+    );
+    let read = CompiledDocument::from_json(doc.as_bytes()).expect("tolerant read");
+    assert_eq!(read.policies.len(), 1);
+    assert_eq!(read.policies[0].params.max_attempts, 3);
+    assert_eq!(read.hash, hash);
+}

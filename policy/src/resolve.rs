@@ -266,6 +266,10 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
                     "spec.backoff.schedule",
                     format!("must list between 1 and {MAX_SCHEDULE} delays"),
                 );
+                if list.len() > MAX_SCHEDULE {
+                    // No per-entry work for an oversized list.
+                    return None;
+                }
             }
             list.iter()
                 .enumerate()
@@ -375,6 +379,9 @@ fn to_millis(nanos: u64) -> u64 {
     nanos / 1_000_000
 }
 
+/// Checks a list's length first and each item only when the length is valid, so an
+/// oversized list costs one error, not work (and errors) per item; duplicates are found
+/// with a set, never by comparing every pair.
 fn check_list(errors: &mut Errors, field: &str, items: &[String], min: usize, max: usize) {
     if items.len() < min || items.len() > max {
         let what = if min > 0 {
@@ -386,12 +393,14 @@ fn check_list(errors: &mut Errors, field: &str, items: &[String], min: usize, ma
             field,
             format!("must list {what} entries, got {}", items.len()),
         );
+        return;
     }
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         if let Err(e) = check_pattern(item) {
             errors.push(&format!("{field}[{i}]"), format!("{e}: {item:?}"));
         }
-        if items[..i].contains(item) {
+        if !seen.insert(item.as_str()) {
             errors.push(
                 &format!("{field}[{i}]"),
                 format!("duplicate entry {item:?}"),

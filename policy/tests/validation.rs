@@ -262,3 +262,49 @@ fn misspelt_kinds_and_unknown_top_level_fields_are_reported() {
         ]
     );
 }
+
+/// An oversized list is refused by its length alone: one error, no per-item work.
+#[test]
+fn oversized_lists_are_refused_before_any_per_item_work() {
+    use rebound_policy::{duration::KubeDuration, resolve, spec::RetryPolicySpec};
+    let spec = RetryPolicySpec {
+        queues: vec!["not a queue".to_owned(); 80_000],
+        backoff: Some(rebound_policy::spec::Backoff {
+            strategy: Some(rebound_policy::spec::Strategy::Schedule),
+            schedule: Some(vec![KubeDuration::parse("1s").expect("1s"); 50_000]),
+            ..Default::default()
+        }),
+        max_attempts: None,
+        max_retry_duration: None,
+        non_retryable_errors: vec!["dup".to_owned(); 80_000],
+        terminal: None,
+    };
+    let errors = resolve(&spec).expect_err("invalid");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.queues",
+            "spec.nonRetryableErrors",
+            "spec.backoff.schedule"
+        ],
+        "{errors:?}"
+    );
+}
+
+/// Duplicates in a list of valid length are still each reported.
+#[test]
+fn duplicates_are_reported_per_entry() {
+    use rebound_policy::{resolve, spec::RetryPolicySpec};
+    let spec = RetryPolicySpec {
+        queues: vec!["a".into(), "b".into(), "a".into(), "a".into()],
+        backoff: None,
+        max_attempts: None,
+        max_retry_duration: None,
+        non_retryable_errors: vec![],
+        terminal: None,
+    };
+    let errors = resolve(&spec).expect_err("duplicates");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["spec.queues[2]", "spec.queues[3]"]);
+}

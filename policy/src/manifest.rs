@@ -11,6 +11,32 @@ use crate::{
 pub const API_VERSION: &str = "rebound.dev/v1alpha1";
 pub const KIND: &str = "RetryPolicy";
 
+/// Largest YAML text read: far above a namespace's worth of policies (the compiled
+/// document of one namespace is at most 900 KiB), far below what hurts a sidecar.
+pub const MAX_MANIFEST_BYTES: usize = 8 * 1024 * 1024;
+
+/// Parser budgets sized to what policy files need: a policy is a few dozen events and
+/// never needs more than a handful of anchors, so an alias bomb fails after bounded work
+/// instead of expanding into memory.
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_reader_input_bytes = Some(MAX_MANIFEST_BYTES);
+    budget.max_events = 2_000_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    budget.max_recorded_anchor_events = 100_000;
+    budget.max_recorded_anchor_bytes = 1024 * 1024;
+    budget.max_depth = 64;
+    budget.max_documents = 10_000;
+    let mut aliases = serde_saphyr::options::AliasLimits::default();
+    aliases.max_total_replayed_events = 100_000;
+    aliases.max_replay_stack_depth = 16;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.alias_limits = aliases;
+    options
+}
+
 /// A YAML file that could not be read as YAML at all.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -29,8 +55,14 @@ pub struct ManifestDocument {
 /// Reads every RetryPolicy in a multi-document YAML text. Documents of other kinds and
 /// empty documents are skipped.
 pub fn parse_manifests(text: &str) -> Result<Vec<ManifestDocument>, YamlError> {
-    let values: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| YamlError(e.to_string()))?;
+    if text.len() > MAX_MANIFEST_BYTES {
+        return Err(YamlError(format!(
+            "{} bytes is more than a policy file can need (at most {MAX_MANIFEST_BYTES})",
+            text.len()
+        )));
+    }
+    let values: Vec<Value> = serde_saphyr::from_multiple_with_options(text, yaml_options())
+        .map_err(|e| YamlError(e.to_string()))?;
     Ok(values
         .into_iter()
         .enumerate()

@@ -308,3 +308,29 @@ fn duplicates_are_reported_per_entry() {
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(fields, ["spec.queues[2]", "spec.queues[3]"]);
 }
+
+/// An alias bomb: 9 × 10⁴ aliases deep, each replaying ten values, about 900,000 scalars
+/// from a few hundred bytes. Refused by the parser's budget, not expanded into memory.
+#[test]
+fn yaml_alias_bombs_are_refused_by_the_parser_budget() {
+    let mut text =
+        String::from("apiVersion: v1\nkind: ConfigMap\ndata:\n  a: &a [x,x,x,x,x,x,x,x,x,x]\n");
+    for (name, prev) in [("b", "a"), ("c", "b"), ("d", "c"), ("e", "d")] {
+        let refs = vec![format!("*{prev}"); if name == "e" { 9 } else { 10 }].join(",");
+        text.push_str(&format!("  {name}: &{name} [{refs}]\n"));
+    }
+    assert!(text.len() < 1_000);
+    let result = rebound_policy::manifest::parse_manifests(&text);
+    assert!(result.is_err(), "alias bomb accepted");
+
+    // Anchors and a few aliases, as people use them, still work.
+    let ok = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: a}\nspec:\n  queues: &q [\"a\", \"b\"]\n  nonRetryableErrors: *q\n";
+    let docs = rebound_policy::manifest::parse_manifests(ok).expect("small anchors are fine");
+    assert!(docs[0].result.is_ok());
+}
+
+#[test]
+fn oversized_yaml_is_refused_before_parsing() {
+    let text = "#".repeat(rebound_policy::manifest::MAX_MANIFEST_BYTES + 1);
+    assert!(rebound_policy::manifest::parse_manifests(&text).is_err());
+}

@@ -25,6 +25,7 @@ pub mod defaults {
     pub const MULTIPLIER: f64 = 2.0;
     /// The cap when none is given, raised to the base or longest schedule entry if those are longer.
     pub const CAP_MS: u64 = 600_000;
+    /// For exponential and linear; constant and schedule default to no jitter.
     pub const JITTER: JitterKind = JitterKind::Full;
     pub const MAX_ATTEMPTS: u32 = 10;
 }
@@ -353,6 +354,8 @@ fn resolve_backoff(errors: &mut Errors, b: &Backoff) -> Option<ResolvedBackoff> 
     let longest = schedule_ms.iter().copied().max().unwrap_or(0);
     let (jitter, jitter_ratio) = match (&b.jitter, strategy) {
         (_, Strategy::Decorrelated) => (JitterKind::None, 0.0),
+        // Exact delays the user wrote stay exact.
+        (None, Strategy::Constant | Strategy::Schedule) => (JitterKind::None, 0.0),
         (None, _) => (defaults::JITTER, 0.0),
         (Some(j), _) => (j.kind, j.ratio.unwrap_or(0.0)),
     };

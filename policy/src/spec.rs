@@ -78,7 +78,7 @@ pub struct RetryPolicySpec {
     pub queues: Vec<String>,
 
     /// The delay curve between runs. Defaults: exponential, base 1s, multiplier 2, cap 10m,
-    /// full jitter.
+    /// full jitter (none for constant and schedule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Backoff>,
 
@@ -133,7 +133,9 @@ pub struct Backoff {
     /// Longest delay before jitter. Default 10m, or the base / longest schedule entry if longer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap: Option<KubeDuration>,
-    /// Randomisation of each delay. Default full jitter; not allowed with decorrelated.
+    /// Randomisation of each delay. Default full for exponential and linear, none for
+    /// constant and schedule (their delays stay exactly as written); not allowed with
+    /// decorrelated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<Jitter>,
     /// Explicit delays for strategy `schedule`; the last one repeats.

@@ -202,3 +202,38 @@ fn documents_with_fields_from_a_newer_writer_are_read() {
     assert_eq!(read.policies[0].params.max_attempts, 3);
     assert_eq!(read.hash, hash);
 }
+
+/// Delays the user wrote out exactly stay exact unless a jitter is asked for.
+#[test]
+fn schedule_and_constant_default_to_no_jitter() {
+    use rebound_policy::{
+        resolve,
+        spec::{Backoff, JitterKind, RetryPolicySpec, Strategy},
+    };
+    let resolved = |strategy: Strategy, schedule: Option<Vec<&str>>| {
+        let spec = RetryPolicySpec {
+            queues: vec!["q".into()],
+            backoff: Some(Backoff {
+                strategy: Some(strategy),
+                schedule: schedule.map(|s| {
+                    s.iter()
+                        .map(|d| rebound_policy::KubeDuration::parse(d).expect("duration"))
+                        .collect()
+                }),
+                ..Default::default()
+            }),
+            max_attempts: None,
+            max_retry_duration: None,
+            non_retryable_errors: vec![],
+            terminal: None,
+        };
+        resolve(&spec).expect("valid").jitter
+    };
+    assert_eq!(
+        resolved(Strategy::Schedule, Some(vec!["1m", "5m", "30m"])),
+        JitterKind::None
+    );
+    assert_eq!(resolved(Strategy::Constant, None), JitterKind::None);
+    assert_eq!(resolved(Strategy::Exponential, None), JitterKind::Full);
+    assert_eq!(resolved(Strategy::Linear, None), JitterKind::Full);
+}

@@ -68,7 +68,8 @@ pub struct Context<'a> {
     pub first_failure_ms: Option<u64>,
     /// The current time, in milliseconds since the Unix epoch.
     pub now_ms: Option<u64>,
-    /// A server's pushback (e.g. HTTP `Retry-After`): the delay is at least this, up to the cap.
+    /// A server's pushback (e.g. HTTP `Retry-After`): the delay is at least this, up to
+    /// [`ResolvedPolicy::pushback_limit_ms`].
     pub retry_after_ms: Option<u64>,
 }
 
@@ -183,16 +184,22 @@ pub fn decide_with(
         });
     }
 
-    let mut delay_ms = delay_for_retry(p, attempt, draws, replay);
+    // With a deadline, a random delay is drawn within the time that remains, so a retry
+    // that fits is never lost to an unlucky draw; an exact delay (no jitter) is kept as
+    // written and gives up when it does not fit.
+    let elapsed = match (ctx.first_failure_ms, ctx.now_ms) {
+        (Some(first), Some(now)) => now.saturating_sub(first),
+        _ => 0,
+    };
+    let remaining = p
+        .max_retry_duration_ms
+        .map(|limit| limit.saturating_sub(elapsed));
+    let mut delay_ms = delay_for_retry(p, attempt, remaining, draws, replay);
     if let Some(pushback) = ctx.retry_after_ms {
-        delay_ms = delay_ms.max(pushback.min(p.cap_ms));
+        delay_ms = delay_ms.max(pushback.min(p.pushback_limit_ms()));
     }
 
     if let Some(limit) = p.max_retry_duration_ms {
-        let elapsed = match (ctx.first_failure_ms, ctx.now_ms) {
-            (Some(first), Some(now)) => now.saturating_sub(first),
-            _ => 0,
-        };
         let next_start = elapsed.saturating_add(delay_ms);
         if next_start > limit {
             return give_up(GiveUpReason::Deadline {
@@ -204,14 +211,34 @@ pub fn decide_with(
     Decision::Retry { delay_ms }
 }
 
+/// The longest server pushback (`Retry-After`) honoured: the cap or one day, whichever is
+/// longer. A longer pushback is cut to this; past a deadline it gives up instead.
+pub const MIN_PUSHBACK_LIMIT_MS: u64 = 24 * 3_600_000;
+
+impl ResolvedPolicy {
+    /// See [`MIN_PUSHBACK_LIMIT_MS`].
+    pub fn pushback_limit_ms(&self) -> u64 {
+        self.cap_ms.max(MIN_PUSHBACK_LIMIT_MS)
+    }
+}
+
 /// The jittered delay before retry `k` (which follows attempt `k`), in milliseconds.
-/// Never above the cap.
-fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Replay) -> u64 {
+/// Never above the cap; a random delay (jitter, decorrelated) never above `remaining`
+/// either.
+fn delay_for_retry(
+    p: &ResolvedPolicy,
+    k: u32,
+    remaining: Option<u64>,
+    draws: &Draws,
+    replay: &mut Replay,
+) -> u64 {
     // Retries beyond the largest maxAttempts never happen; clamping bounds the replay
     // even for a ResolvedPolicy that was built by hand and never checked.
     let k = k.clamp(1, crate::spec::limits::MAX_ATTEMPTS);
     let cap = p.cap_ms as f64;
     let base = p.base_ms as f64;
+    // Durations are at most 8760h, so `remaining` converts exactly.
+    let window = remaining.map_or(cap, |r| cap.min(r as f64));
     let capped = match p.strategy {
         Strategy::Exponential => exponential(base, p.multiplier, k).min(cap),
         Strategy::Linear => (base * f64::from(k)).min(cap),
@@ -220,8 +247,14 @@ fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Repla
             let index = (k as usize - 1).min(p.schedule_ms.len().saturating_sub(1));
             (p.schedule_ms.get(index).copied().unwrap_or(p.base_ms) as f64).min(cap)
         }
-        Strategy::Decorrelated => return replay.decorrelated(base, cap, k, draws) as u64,
+        Strategy::Decorrelated => {
+            return replay.decorrelated(base, cap, k, draws).min(window) as u64;
+        }
     };
+    if p.jitter == JitterKind::None {
+        return capped as u64;
+    }
+    let capped = capped.min(window);
     let jittered = match p.jitter {
         JitterKind::None => capped,
         JitterKind::Full => capped * draws.unit(k),
@@ -231,7 +264,7 @@ fn delay_for_retry(p: &ResolvedPolicy, k: u32, draws: &Draws, replay: &mut Repla
         }
     };
     // f64 -> u64 casts saturate and map NaN to 0, so this cannot overflow.
-    jittered.clamp(0.0, cap) as u64
+    jittered.clamp(0.0, window) as u64
 }
 
 /// `base × multiplier^(k−1)`, the power by binary exponentiation in one fixed order

@@ -336,7 +336,7 @@ fn deadline_gives_up_when_the_next_run_would_start_too_late() {
 }
 
 #[test]
-fn retry_after_is_a_floor_bounded_by_the_cap() {
+fn retry_after_is_a_floor_honoured_above_the_cap() {
     let p = Policy::new(
         "ns/p",
         policy(Strategy::Constant, JitterKind::None, 1_000, 1.0, 30_000),
@@ -347,7 +347,92 @@ fn retry_after_is_a_floor_bounded_by_the_cap() {
     };
     assert_eq!(retry_delay(decide(&p, 1, &with(5_000))), 5_000);
     assert_eq!(retry_delay(decide(&p, 1, &with(500))), 1_000);
-    assert_eq!(retry_delay(decide(&p, 1, &with(3_600_000))), 30_000);
+    // A 429 with Retry-After: 120s under cap 30s waits the 120 s the server asked for.
+    assert_eq!(retry_delay(decide(&p, 1, &with(120_000))), 120_000);
+    // Up to one day (or the cap, if longer).
+    assert_eq!(
+        retry_delay(decide(&p, 1, &with(7 * 86_400_000))),
+        86_400_000
+    );
+    assert_eq!(retry_delay(decide(&p, 1, &with(u64::MAX))), 86_400_000);
+}
+
+#[test]
+fn retry_after_past_the_deadline_gives_up() {
+    let mut params = policy(Strategy::Constant, JitterKind::None, 1_000, 1.0, 30_000);
+    params.max_retry_duration_ms = Some(600_000);
+    let p = Policy::new("ns/p", params);
+    let ctx = |retry_after_ms| Context {
+        first_failure_ms: Some(1_000_000),
+        now_ms: Some(1_000_000 + 300_000),
+        retry_after_ms: Some(retry_after_ms),
+        ..Context::default()
+    };
+    assert_eq!(retry_delay(decide(&p, 2, &ctx(300_000))), 300_000);
+    assert!(matches!(
+        decide(&p, 2, &ctx(300_001)),
+        Decision::GiveUp {
+            reason: GiveUpReason::Deadline { .. },
+            ..
+        }
+    ));
+}
+
+/// With 2 minutes left and a nominal 10-minute delay under full jitter, every job
+/// retries within the 2 minutes; none gives up because of its draw.
+#[test]
+fn a_jittered_delay_is_drawn_within_the_time_left() {
+    for jitter in [
+        JitterKind::Full,
+        JitterKind::Equal,
+        JitterKind::Proportional,
+    ] {
+        let mut params = policy(Strategy::Exponential, jitter, 600_000, 2.0, 600_000);
+        params.max_retry_duration_ms = Some(1_800_000);
+        let p = Policy::new("ns/p", params);
+        let mut delays = Vec::new();
+        for i in 0..1_000 {
+            let id = format!("job-{i}");
+            let ctx = Context {
+                job_id: Some(&id),
+                first_failure_ms: Some(1_000_000),
+                now_ms: Some(1_000_000 + 1_680_000),
+                ..Context::default()
+            };
+            match decide(&p, 3, &ctx) {
+                Decision::Retry { delay_ms } => delays.push(delay_ms),
+                other => panic!("{jitter:?} {id}: {other:?}"),
+            }
+        }
+        assert!(delays.iter().all(|&d| d <= 120_000), "{jitter:?}");
+        delays.sort_unstable();
+        delays.dedup();
+        assert!(
+            // Proportional clips its upper half at the window.
+            delays.len() > 300,
+            "{jitter:?}: still random within the window"
+        );
+    }
+    // Decorrelated too.
+    let mut params = policy(
+        Strategy::Decorrelated,
+        JitterKind::None,
+        60_000,
+        1.0,
+        600_000,
+    );
+    params.max_retry_duration_ms = Some(1_800_000);
+    let p = Policy::new("ns/p", params);
+    for i in 0..200 {
+        let id = format!("job-{i}");
+        let ctx = Context {
+            job_id: Some(&id),
+            first_failure_ms: Some(0),
+            now_ms: Some(1_680_000),
+            ..Context::default()
+        };
+        assert!(retry_delay(decide(&p, 5, &ctx)) <= 120_000);
+    }
 }
 
 #[test]

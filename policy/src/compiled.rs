@@ -243,15 +243,17 @@ pub fn compile(namespace: &str, mut sources: Vec<PolicySource>) -> Compilation {
         };
         let mut serving = Vec::new();
         let mut lost = Vec::new();
-        for pattern in &source.spec.queues {
-            match owner.get(pattern) {
+        for written in &source.spec.queues {
+            // Equivalent patterns (`a-*`, `a-**`) are one pattern, so they conflict.
+            let pattern = pattern::normalize(written).into_owned();
+            match owner.get(&pattern) {
                 Some(winner) => lost.push(LostQueue {
-                    pattern: pattern.clone(),
+                    pattern: written.clone(),
                     winner: winner.clone(),
                 }),
                 None => {
                     owner.insert(pattern.clone(), source.name.clone());
-                    serving.push(pattern.clone());
+                    serving.push(pattern);
                 }
             }
         }

@@ -57,6 +57,21 @@ pub fn check_name(text: &str) -> Result<(), PatternError> {
     Ok(())
 }
 
+/// The canonical form of a pattern: every run of `*` collapsed into one, so patterns
+/// that match the same names compare equal (`webhooks-**` is `webhooks-*`).
+pub fn normalize(pattern: &str) -> std::borrow::Cow<'_, str> {
+    if !pattern.contains("**") {
+        return std::borrow::Cow::Borrowed(pattern);
+    }
+    let mut out = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if !(c == '*' && out.ends_with('*')) {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Whether `name` matches `pattern`, where `*` matches any run of characters (also none).
 /// Prepares the pattern on every call; hot paths keep a [`Glob`].
 pub fn matches(pattern: &str, name: &str) -> bool {

@@ -403,7 +403,8 @@ fn check_list(errors: &mut Errors, field: &str, items: &[String], min: usize, ma
         if let Err(e) = check_pattern(item) {
             errors.push(&format!("{field}[{i}]"), format!("{e}: {item:?}"));
         }
-        if !seen.insert(item.as_str()) {
+        // Equivalent patterns (`a*`, `a**`) are duplicates too.
+        if !seen.insert(crate::pattern::normalize(item)) {
             errors.push(
                 &format!("{field}[{i}]"),
                 format!("duplicate entry {item:?}"),

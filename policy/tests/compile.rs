@@ -237,3 +237,49 @@ fn schedule_and_constant_default_to_no_jitter() {
     assert_eq!(resolved(Strategy::Exponential, None), JitterKind::Full);
     assert_eq!(resolved(Strategy::Linear, None), JitterKind::Full);
 }
+
+/// `webhooks-**` means `webhooks-*`: a newer policy declaring it conflicts with the older
+/// one instead of silently serving nothing while reporting Ready.
+#[test]
+fn equivalent_patterns_conflict() {
+    use rebound_policy::{
+        PolicyOutcome, PolicySource, compile, compiled::LostQueue, spec::RetryPolicySpec,
+    };
+    let source = |name: &str, created: i64, queue: &str| PolicySource {
+        name: name.to_owned(),
+        namespace: "ns".to_owned(),
+        uid: String::new(),
+        generation: 1,
+        created: Some(created),
+        spec: RetryPolicySpec {
+            queues: vec![queue.to_owned(), format!("{name}-own")],
+            backoff: None,
+            max_attempts: None,
+            max_retry_duration: None,
+            non_retryable_errors: vec![],
+            terminal: None,
+        },
+    };
+    let compilation = compile(
+        "ns",
+        vec![
+            source("old", 1, "webhooks-*"),
+            source("new", 2, "webhooks-**"),
+        ],
+    );
+    assert_eq!(
+        compilation.outcome("new"),
+        Some(&PolicyOutcome::Compiled {
+            serving: vec!["new-own".to_owned()],
+            lost: vec![LostQueue {
+                pattern: "webhooks-**".to_owned(),
+                winner: "old".to_owned(),
+            }],
+        })
+    );
+    // Within one policy they are duplicates.
+    let mut spec = source("x", 1, "a*").spec;
+    spec.queues = vec!["a*".into(), "a**".into()];
+    let errors = rebound_policy::resolve(&spec).expect_err("duplicate");
+    assert_eq!(errors[0].field, "spec.queues[1]");
+}

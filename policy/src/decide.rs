@@ -77,7 +77,7 @@ pub struct Context<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GiveUpReason {
     /// The attempt that failed was the last one allowed.
-    MaxAttempts { max_attempts: u32 },
+    MaxAttempts { max_attempts: u32, attempt: u32 },
     /// The next run would start after `maxRetryDuration` from the first failure.
     Deadline {
         max_retry_duration_ms: u64,
@@ -105,12 +105,22 @@ impl std::fmt::Display for GiveUpReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use crate::duration::format_millis as d;
         match self {
-            GiveUpReason::MaxAttempts { max_attempts } => {
+            GiveUpReason::MaxAttempts {
+                max_attempts,
+                attempt,
+            } if attempt == max_attempts => {
                 write!(
                     f,
-                    "attempt {max_attempts} of {max_attempts} failed (maxAttempts)"
+                    "attempt {attempt} of {max_attempts} failed (maxAttempts)"
                 )
             }
+            GiveUpReason::MaxAttempts {
+                max_attempts,
+                attempt,
+            } => write!(
+                f,
+                "attempt {attempt} failed, past maxAttempts {max_attempts} (runs including the first)"
+            ),
             GiveUpReason::Deadline {
                 max_retry_duration_ms,
                 next_start_after_ms,
@@ -181,6 +191,7 @@ pub fn decide_with(
     if attempt >= p.max_attempts {
         return give_up(GiveUpReason::MaxAttempts {
             max_attempts: p.max_attempts,
+            attempt,
         });
     }
 

@@ -173,19 +173,25 @@ pub fn format_millis(millis: u64) -> String {
 /// Renders milliseconds for people, to about three significant figures: `374ms`, `1.13s`,
 /// `3m45s`, `4h25m`. Not parseable back exactly; use [`format_millis`] for that.
 pub fn format_approx(millis: u64) -> String {
-    match millis {
-        0..1_000 => format!("{millis}ms"),
-        1_000..10_000 => format!("{:.2}s", millis as f64 / 1_000.0),
-        10_000..60_000 => format!("{:.1}s", millis as f64 / 1_000.0),
-        60_000..3_600_000 => {
-            let secs = (millis + 500) / 1_000;
-            format!("{}m{}s", secs / 60, secs % 60)
-        }
-        _ => {
-            let mins = (millis + 30_000) / 60_000;
-            format!("{}h{}m", mins / 60, mins % 60)
-        }
+    // Round first (half up, in integers), then pick the unit from the rounded value, so
+    // 59,999 ms reads `1m0s`, never `60.0s`, and 3,599,999 ms `1h0m`, never `60m0s`.
+    if millis < 1_000 {
+        return format!("{millis}ms");
     }
+    let centis = (millis + 5) / 10;
+    if centis < 1_000 {
+        return format!("{}.{:02}s", centis / 100, centis % 100);
+    }
+    let decis = (millis + 50) / 100;
+    if decis < 600 {
+        return format!("{}.{}s", decis / 10, decis % 10);
+    }
+    let secs = (millis + 500) / 1_000;
+    if secs < 3_600 {
+        return format!("{}m{}s", secs / 60, secs % 60);
+    }
+    let mins = (millis + 30_000) / 60_000;
+    format!("{}h{}m", mins / 60, mins % 60)
 }
 
 impl Serialize for KubeDuration {
@@ -293,5 +299,18 @@ mod tests {
         assert_eq!(format_approx(30_124), "30.1s");
         assert_eq!(format_approx(225_177), "3m45s");
         assert_eq!(format_approx(15_903_123), "4h25m");
+        // Rounding never leaves a unit at its upper bound.
+        for (millis, text) in [
+            (9_994, "9.99s"),
+            (9_995, "10.0s"),
+            (59_949, "59.9s"),
+            (59_950, "1m0s"),
+            (59_999, "1m0s"),
+            (3_599_499, "59m59s"),
+            (3_599_500, "1h0m"),
+            (3_599_999, "1h0m"),
+        ] {
+            assert_eq!(format_approx(millis), text, "{millis} ms");
+        }
     }
 }

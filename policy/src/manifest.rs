@@ -232,9 +232,10 @@ pub fn validate(policy: &RetryPolicy) -> Result<ResolvedPolicy, Vec<FieldError>>
 fn is_dns_subdomain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
+        // The API server checks custom resource names as DNS-1123 subdomains: 253
+        // characters in all, no per-label limit.
         && name.split('.').all(|label| {
             !label.is_empty()
-                && label.len() <= 63
                 && label
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')

@@ -130,7 +130,7 @@ proptest! {
         } else {
             prop_assert_eq!(decision, Decision::GiveUp {
                 disposition: Disposition::Drop,
-                reason: GiveUpReason::MaxAttempts { max_attempts: max },
+                reason: GiveUpReason::MaxAttempts { max_attempts: max, attempt: attempt.max(1) },
             });
         }
     }
@@ -454,5 +454,35 @@ fn walking_a_schedule_gives_the_same_answers_as_fresh_decisions() {
             let fresh = decide_with(&p, k, &ctx, &draws, &mut Replay::default());
             assert_eq!(walked, fresh, "{strategy:?} retry {k} (backwards)");
         }
+    }
+}
+
+/// The give-up message names the attempt that really failed.
+#[test]
+fn max_attempts_reason_names_the_failed_attempt() {
+    let mut params = policy(Strategy::Constant, JitterKind::None, 100, 1.0, 100);
+    params.max_attempts = 25;
+    let p = Policy::new("ns/p", params);
+    match decide(&p, 30, &Context::default()) {
+        Decision::GiveUp {
+            reason:
+                GiveUpReason::MaxAttempts {
+                    max_attempts,
+                    attempt,
+                },
+            ..
+        } => assert_eq!((max_attempts, attempt), (25, 30)),
+        other => panic!("{other:?}"),
+    }
+    match decide(&p, 25, &Context::default()) {
+        Decision::GiveUp {
+            reason:
+                GiveUpReason::MaxAttempts {
+                    max_attempts,
+                    attempt,
+                },
+            ..
+        } => assert_eq!((max_attempts, attempt), (25, 25)),
+        other => panic!("{other:?}"),
     }
 }

@@ -334,3 +334,38 @@ fn oversized_yaml_is_refused_before_parsing() {
     let text = "#".repeat(rebound_policy::manifest::MAX_MANIFEST_BYTES + 1);
     assert!(rebound_policy::manifest::parse_manifests(&text).is_err());
 }
+
+/// Names follow the API server's rule for custom resources (a DNS-1123 subdomain: 253
+/// characters, no 63-character label limit).
+#[test]
+fn long_names_the_api_server_accepts_are_accepted() {
+    let yaml = |name: &str| {
+        format!(
+            "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: {name}}}\nspec: {{queues: [q]}}\n"
+        )
+    };
+    for name in [
+        "a".repeat(100),
+        "a".repeat(253),
+        format!("{}.b", "a".repeat(200)),
+    ] {
+        let docs = rebound_policy::manifest::parse_manifests(&yaml(&name)).expect("yaml");
+        assert!(docs[0].result.is_ok(), "{name}: {:?}", docs[0].result);
+    }
+    for name in [
+        "a".repeat(254),
+        "A".to_owned(),
+        "a..b".to_owned(),
+        "-a".to_owned(),
+    ] {
+        let docs = rebound_policy::manifest::parse_manifests(&yaml(&name)).expect("yaml");
+        let fields: Vec<String> = docs[0]
+            .result
+            .as_ref()
+            .expect_err("invalid name")
+            .iter()
+            .map(|e| e.field.clone())
+            .collect();
+        assert_eq!(fields, ["metadata.name"], "{name}");
+    }
+}

@@ -267,3 +267,31 @@ fn validate_keeps_going_past_an_unreadable_file() {
     assert!(text(&out.stdout).starts_with("does/not/exist.yaml:0::"));
     assert!(text(&out.stderr).contains("1 valid, 1 invalid"));
 }
+
+/// `schedule: [1m, 5m, 30m]` without a jitter retries at exactly 1m, 5m and 30m.
+#[test]
+fn simulate_keeps_a_schedule_without_jitter_exact() {
+    let out = rebound(&[
+        "simulate",
+        "-f",
+        "cli/tests/fixtures/schedule-without-jitter.yaml",
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let retries = json["policies"][0]["retries"].as_array().expect("retries");
+    let exact: Vec<(u64, u64)> = retries
+        .iter()
+        .map(|r| {
+            (
+                r["min_ms"].as_u64().unwrap_or(0),
+                r["max_ms"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        exact,
+        [(60_000, 60_000), (300_000, 300_000), (1_800_000, 1_800_000)]
+    );
+}

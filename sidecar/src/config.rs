@@ -65,6 +65,8 @@ pub enum LoadError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is {kind}, not a regular file; refusing to read it")]
+    NotRegular { path: PathBuf, kind: &'static str },
     #[error("{path} is larger than {MAX_CONFIG_BYTES} bytes")]
     TooLarge { path: PathBuf },
     #[error("{origin}: {source}")]
@@ -98,14 +100,27 @@ pub enum LoadError {
     Source { origin: String, message: String },
 }
 
-/// Reads a file with the size bound.
+/// Reads a regular file with the size bound. The file is opened without blocking and
+/// checked through its open descriptor, so a FIFO, socket or device put where the
+/// configuration belongs is refused instead of hanging the loader in `open` or `read`.
 pub fn read_bounded(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::io::Read;
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let read_err = |source| LoadError::Read {
         path: path.to_owned(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read_err)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.file_type().is_file() {
+        return Err(LoadError::NotRegular {
+            path: path.to_owned(),
+            kind: file_kind(&meta.file_type()),
+        });
+    }
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -116,6 +131,23 @@ pub fn read_bounded(path: &Path) -> Result<Vec<u8>, LoadError> {
         });
     }
     Ok(bytes)
+}
+
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// Parses a compiled document (format, hash and every policy checked by the policy crate).

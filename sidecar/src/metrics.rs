@@ -21,6 +21,7 @@ pub struct Metrics {
     unavailable: AtomicU64,
     reloads: AtomicU64,
     reload_failures: AtomicU64,
+    reads: AtomicU64,
     last_reload_micros: AtomicU64,
 }
 
@@ -57,6 +58,16 @@ impl Metrics {
 
     pub fn reload_failures(&self) -> u64 {
         self.reload_failures.load(Ordering::Relaxed)
+    }
+
+    /// The configuration input was read (a file opened and read, or a watch event's bytes
+    /// taken), whether or not it turned out to be new.
+    pub fn read_input(&self) {
+        inc(&self.reads);
+    }
+
+    pub fn input_reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     /// The Prometheus text exposition (format 0.0.4).
@@ -113,6 +124,12 @@ impl Metrics {
             "counter",
             "New configurations rejected; the last good one kept answering.",
             &[("", get(&self.reload_failures) as f64)],
+        );
+        family(
+            "rebound_sidecar_config_reads_total",
+            "counter",
+            "Times the configuration input was read, changed or not; stays flat at rest.",
+            &[("", get(&self.reads) as f64)],
         );
         family(
             "rebound_sidecar_config_last_reload_duration_seconds",

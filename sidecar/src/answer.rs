@@ -104,6 +104,13 @@ pub fn check_request(req: &pb::DecideRequest) -> Result<(), RequestError> {
 
 fn lookup<'a>(cfg: &'a Loaded, queue: &str) -> Result<&'a TableEntry, RequestError> {
     cfg.table.lookup(queue).ok_or_else(|| {
+        if cfg.table.is_empty() {
+            return RequestError::NotFound(format!(
+                "namespace {:?} has no RetryPolicies (configuration {} is empty), so none \
+                 governs queue {queue:?}",
+                cfg.namespace, cfg.hash
+            ));
+        }
         RequestError::NotFound(format!(
             "no RetryPolicy in namespace {:?} governs queue {queue:?}, and there is no \
              catch-all \"*\" policy",

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime},
 };
@@ -22,7 +22,7 @@ use rebound_policy::{
 };
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
+use crate::metrics::{ConfigState, ConfigView, Metrics};
 
 /// Largest configuration file read. A ConfigMap holds at most 1 MiB; the margin lets a
 /// local file of 10,000 policies load while still bounding memory.
@@ -44,6 +44,18 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// What metrics report about it.
+    pub fn view(&self) -> ConfigView<'_> {
+        ConfigView {
+            namespace: &self.namespace,
+            hash: &self.hash,
+            origin: &self.origin,
+            sequence: self.sequence,
+            policies: self.policies,
+            loaded_at: self.loaded_at,
+        }
+    }
+
     pub fn new(doc: &CompiledDocument, origin: String, sequence: u64) -> Self {
         Self {
             table: PolicyTable::new(doc),
@@ -218,6 +230,8 @@ fn manifest_source(
 pub struct Store {
     current: ArcSwapOption<Loaded>,
     sequence: AtomicU64,
+    /// The latest input was rejected while a configuration is loaded.
+    stale: AtomicBool,
     metrics: Arc<Metrics>,
     /// `true` once a configuration is loaded; the health reporter follows it.
     loaded: watch::Sender<bool>,
@@ -228,6 +242,7 @@ impl Store {
         Arc::new(Self {
             current: ArcSwapOption::empty(),
             sequence: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
             metrics,
             loaded: watch::Sender::new(false),
         })
@@ -246,6 +261,23 @@ impl Store {
         &self.metrics
     }
 
+    /// Which configuration requests are answered from.
+    pub fn state(&self) -> ConfigState {
+        match self.current.load().as_deref() {
+            None => ConfigState::None,
+            Some(_) if self.stale.load(Ordering::Relaxed) => ConfigState::Stale,
+            Some(c) if c.policies == 0 => ConfigState::Empty,
+            Some(_) => ConfigState::Active,
+        }
+    }
+
+    /// The Prometheus exposition of the counters and the current configuration.
+    pub fn render_metrics(&self) -> String {
+        let current = self.current();
+        self.metrics
+            .render(self.state(), current.as_deref().map(Loaded::view))
+    }
+
     /// Becomes `true` when the first configuration is in place.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.loaded.subscribe()
@@ -255,6 +287,7 @@ impl Store {
     /// (read + parse), for the reload-duration metric. Returns `false` when the document is
     /// the one already loaded.
     pub fn install(&self, doc: &CompiledDocument, origin: &str, started: Instant) -> bool {
+        self.stale.store(false, Ordering::Relaxed);
         if let Some(current) = self.current.load().as_ref()
             && current.hash == doc.hash
             && current.namespace == doc.namespace
@@ -267,10 +300,16 @@ impl Store {
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();
         self.metrics.reloaded(took);
+        let state = if loaded.policies == 0 {
+            ConfigState::Empty
+        } else {
+            ConfigState::Active
+        };
         tracing::info!(
             hash = %loaded.hash,
             namespace = %loaded.namespace,
             policies = loaded.policies,
+            state = state.as_str(),
             sequence,
             origin,
             took_ms = took.as_secs_f64() * 1e3,
@@ -284,13 +323,19 @@ impl Store {
     /// Records a rejected configuration; the current one stays.
     pub fn reject(&self, error: &LoadError) {
         self.metrics.reload_failed();
+        self.stale.store(true, Ordering::Relaxed);
         match self.current.load().as_ref() {
             Some(current) => tracing::warn!(
                 %error,
+                state = ConfigState::Stale.as_str(),
                 kept = %current.hash,
                 "configuration rejected; still answering from the last good one"
             ),
-            None => tracing::warn!(%error, "configuration rejected; no valid configuration yet"),
+            None => tracing::warn!(
+                %error,
+                state = ConfigState::None.as_str(),
+                "configuration rejected; no valid configuration yet"
+            ),
         }
     }
 }

@@ -271,7 +271,7 @@ fn log_ended(ended: Ended) {
 }
 
 async fn metrics(store: Arc<Store>) -> impl axum::response::IntoResponse {
-    let body = store.metrics().render(store.current().as_deref());
+    let body = store.render_metrics();
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -12,6 +12,15 @@ pub mod v1 {
     tonic::include_proto!("rebound.v1");
 }
 
+/// The server side of `rebound.v1.RetryAdvisor`, generated from the same proto over request
+/// messages whose `string` fields are decoded as bytes (identical on the wire), so that
+/// invalid UTF-8 is reported per field and per batch item instead of failing the call.
+/// Answers are the [`v1`] types.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod server {
+    include!(concat!(env!("OUT_DIR"), "/server/rebound.v1.rs"));
+}
+
 /// The encoded `FileDescriptorSet` of `proto/rebound/v1`, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/rebound_v1_descriptor.bin"));

@@ -23,7 +23,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use crate::{
     answer::MAX_REQUEST_BYTES,
     config::Store,
-    pb::{self, v1::retry_advisor_server::RetryAdvisorServer},
+    pb::{self, server::retry_advisor_server::RetryAdvisorServer},
     service::{Advisor, Clock},
 };
 

@@ -7,7 +7,10 @@ use tonic::{Request, Response, Status};
 use crate::{
     answer::{self, Outcome},
     config::{Loaded, Store},
-    pb::v1::{self as pb, retry_advisor_server::RetryAdvisor},
+    pb::{
+        server::{self as wire, retry_advisor_server::RetryAdvisor},
+        v1 as pb,
+    },
 };
 
 /// Where "now" comes from when enforcing maxRetryDuration; tests pin it.
@@ -43,7 +46,7 @@ impl Advisor {
 impl RetryAdvisor for Advisor {
     async fn decide(
         &self,
-        request: Request<pb::DecideRequest>,
+        request: Request<wire::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let metrics = self.store.metrics();
         let now = (self.clock)();
@@ -63,7 +66,7 @@ impl RetryAdvisor for Advisor {
 
     async fn decide_batch(
         &self,
-        request: Request<pb::DecideBatchRequest>,
+        request: Request<wire::DecideBatchRequest>,
     ) -> Result<Response<pb::DecideBatchResponse>, Status> {
         let metrics = self.store.metrics();
         let now = (self.clock)();
@@ -79,7 +82,7 @@ impl RetryAdvisor for Advisor {
 
     async fn get_policy(
         &self,
-        request: Request<pb::GetPolicyRequest>,
+        request: Request<wire::GetPolicyRequest>,
     ) -> Result<Response<pb::GetPolicyResponse>, Status> {
         self.with_config(|cfg| {
             answer::get_policy(cfg, request.get_ref())

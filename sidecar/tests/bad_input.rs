@@ -205,3 +205,148 @@ async fn before_any_configuration_calls_are_unavailable() {
     assert_eq!(status.code(), Code::Unavailable);
     server.stop().await;
 }
+
+/// `DecideRequest` as a client in another language may send it: text fields as raw bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDecideRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    queue: Vec<u8>,
+    #[prost(uint32, tag = "2")]
+    attempt: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    job_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    error_class: Vec<u8>,
+    #[prost(uint64, tag = "5")]
+    first_failure_unix_ms: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDecideBatchRequest {
+    #[prost(message, repeated, tag = "1")]
+    requests: Vec<RawDecideRequest>,
+}
+
+async fn raw_batch(
+    addr: std::net::SocketAddr,
+    batch: RawDecideBatchRequest,
+) -> Result<pb::DecideBatchResponse, tonic::Status> {
+    let channel = rebound_sidecar::client::tcp_channel(addr)
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let codec =
+        tonic_prost::ProstCodec::<RawDecideBatchRequest, pb::DecideBatchResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/rebound.v1.RetryAdvisor/DecideBatch",
+    );
+    grpc.unary(tonic::Request::new(batch), path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn item_code(result: &pb::DecideResult) -> Option<u32> {
+    match &result.result {
+        Some(pb::decide_result::Result::Error(e)) => Some(e.code),
+        Some(pb::decide_result::Result::Decision(_)) => Some(0),
+        None => None,
+    }
+}
+
+#[tokio::test]
+async fn invalid_utf8_and_implausible_times_are_per_item_invalid_argument() {
+    const NOW: u64 = 1_800_000_000_000;
+    let store = common::store();
+    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    let server = common::start(store, common::fixed_clock(NOW)).await;
+    let good = RawDecideRequest {
+        queue: b"q0".to_vec(),
+        attempt: 1,
+        ..Default::default()
+    };
+    let bad_utf8 = b"q\xff0".to_vec();
+    let items = [
+        (good.clone(), None),
+        (
+            RawDecideRequest {
+                queue: bad_utf8.clone(),
+                ..good.clone()
+            },
+            Some("queue"),
+        ),
+        (
+            RawDecideRequest {
+                job_id: bad_utf8.clone(),
+                ..good.clone()
+            },
+            Some("job_id"),
+        ),
+        (
+            RawDecideRequest {
+                error_class: bad_utf8.clone(),
+                ..good.clone()
+            },
+            Some("error_class"),
+        ),
+        (
+            RawDecideRequest {
+                first_failure_unix_ms: NOW / 1000,
+                ..good.clone()
+            },
+            Some("first_failure_unix_ms"),
+        ),
+        (
+            RawDecideRequest {
+                first_failure_unix_ms: NOW + 3_600_000,
+                ..good.clone()
+            },
+            Some("first_failure_unix_ms"),
+        ),
+        (
+            RawDecideRequest {
+                first_failure_unix_ms: NOW + 1_000,
+                ..good.clone()
+            },
+            None,
+        ),
+        (good.clone(), None),
+    ];
+    let response = raw_batch(
+        server.addr,
+        RawDecideBatchRequest {
+            requests: items.iter().map(|(r, _)| r.clone()).collect(),
+        },
+    )
+    .await
+    .expect("the batch is answered item by item");
+    assert_eq!(response.results.len(), items.len());
+    for ((_, field), result) in items.iter().zip(&response.results) {
+        match field {
+            None => assert_eq!(item_code(result), Some(0), "{result:?}"),
+            Some(field) => {
+                assert_eq!(
+                    item_code(result),
+                    Some(Code::InvalidArgument as u32),
+                    "{field}: {result:?}"
+                );
+                let Some(pb::decide_result::Result::Error(e)) = &result.result else {
+                    unreachable!()
+                };
+                assert_eq!(e.message.split_once(' ').map(|(f, _)| f), Some(*field));
+            }
+        }
+    }
+
+    // Unary: the same check, the same code.
+    let mut client = server.advisor().await;
+    let status = client
+        .decide(pb::DecideRequest {
+            first_failure_unix_ms: NOW / 1000,
+            ..req("q0", 1)
+        })
+        .await
+        .expect_err("seconds, not ms");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    server.stop().await;
+}

@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rebound_policy::CompiledDocument;
-use rebound_sidecar::{answer, config, pb::v1 as pb};
+use rebound_sidecar::{answer, config, pb::server as wire};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(doc) = config::parse_compiled(data, "fuzz") {
@@ -29,14 +29,15 @@ fn exercise(doc: &CompiledDocument) {
     for policy in &doc.policies {
         for queue in &policy.queues {
             for attempt in [1, 2, policy.params.max_attempts, u32::MAX] {
-                let req = pb::DecideRequest {
-                    queue: queue.replace('*', "x"),
+                let name = queue.replace('*', "x");
+                let req = wire::DecideRequest {
+                    queue: name.clone().into_bytes(),
                     attempt,
-                    job_id: "job".to_owned(),
+                    job_id: b"job".to_vec(),
                     ..Default::default()
                 };
                 if let Ok((response, _)) = answer::decide_one(&loaded, &req, 0) {
-                    let entry = loaded.table.lookup(&req.queue).expect("answered, so governed");
+                    let entry = loaded.table.lookup(&name).expect("answered, so governed");
                     assert!(response.delay_ms <= entry.policy.params().cap_ms);
                 }
             }

@@ -1,4 +1,5 @@
-//! Request handling: arbitrary bytes decoded as any of the three request messages, then
+//! Request handling: arbitrary bytes decoded as any of the three request messages (as the
+//! server decodes them: text as bytes, so invalid UTF-8 reaches the checks), then
 //! answered from a fixed generated table exactly as the gRPC service does. Nothing panics,
 //! errors are only INVALID_ARGUMENT or NOT_FOUND, a batch answers every item in order, and
 //! a delay never exceeds the answering policy's cap.
@@ -8,17 +9,23 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use rebound_sidecar::{answer, config::Loaded, pb::v1 as pb, testkit};
+use rebound_sidecar::{
+    answer,
+    config::Loaded,
+    pb::{server as wire, v1 as pb},
+    testkit,
+};
 
 fn table() -> &'static Loaded {
     static TABLE: OnceLock<Loaded> = OnceLock::new();
     TABLE.get_or_init(|| Loaded::new(&testkit::document("fuzz", 40, 0), "fuzz".to_owned(), 1))
 }
 
-fn check(cfg: &Loaded, req: &pb::DecideRequest, result: &Result<pb::DecideResponse, answer::RequestError>) {
+fn check(cfg: &Loaded, req: &wire::DecideRequest, result: &Result<pb::DecideResponse, answer::RequestError>) {
     match result {
         Ok(r) => {
-            let entry = cfg.table.lookup(&req.queue).expect("answered, so governed");
+            let queue = std::str::from_utf8(&req.queue).expect("answered, so UTF-8");
+            let entry = cfg.table.lookup(queue).expect("answered, so governed");
             assert!(r.delay_ms <= entry.policy.params().cap_ms);
             assert_ne!(r.decision, pb::Decision::Unspecified as i32);
         }
@@ -37,13 +44,13 @@ fuzz_target!(|data: &[u8]| {
     let now = 1_800_000_000_000;
     match selector % 3 {
         0 => {
-            if let Ok(req) = pb::DecideRequest::decode(rest) {
+            if let Ok(req) = wire::DecideRequest::decode(rest) {
                 let result = answer::decide_one(cfg, &req, now).map(|(r, _)| r);
                 check(cfg, &req, &result);
             }
         }
         1 => {
-            if let Ok(batch) = pb::DecideBatchRequest::decode(rest)
+            if let Ok(batch) = wire::DecideBatchRequest::decode(rest)
                 && let Ok(response) = answer::decide_batch(cfg, &batch, now, |_| ())
             {
                 assert_eq!(response.results.len(), batch.requests.len());
@@ -55,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         _ => {
-            if let Ok(req) = pb::GetPolicyRequest::decode(rest) {
+            if let Ok(req) = wire::GetPolicyRequest::decode(rest) {
                 let _ = answer::get_policy(cfg, &req);
             }
         }

@@ -33,11 +33,29 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 128;
 /// Health and reflection requests are tiny; refuse anything larger.
 const MAX_SMALL_REQUEST_BYTES: usize = 16 * 1024;
 
+/// The Unix socket's default mode: the owner and its group (the worker container shares
+/// the Pod's `fsGroup`), nobody else.
+pub const DEFAULT_UDS_MODE: u32 = 0o660;
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        Self {
+            tcp: None,
+            uds: None,
+            uds_mode: DEFAULT_UDS_MODE,
+            admin: None,
+            allow_non_loopback: false,
+        }
+    }
+}
+
 /// Where to listen.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ListenConfig {
     pub tcp: Option<SocketAddr>,
     pub uds: Option<PathBuf>,
+    /// Permission bits of the Unix socket; connecting needs write permission.
+    pub uds_mode: u32,
     pub admin: Option<SocketAddr>,
     /// Without it, any address other than loopback is refused.
     pub allow_non_loopback: bool,
@@ -86,7 +104,7 @@ impl Listeners {
             None => None,
         };
         let uds = match &cfg.uds {
-            Some(path) => Some((bind_uds(path)?, path.clone())),
+            Some(path) => Some((bind_uds(path, cfg.uds_mode)?, path.clone())),
             None => None,
         };
         Ok(Self { tcp, uds, admin })
@@ -119,8 +137,8 @@ async fn bind_tcp(
 }
 
 /// Binds a Unix socket, replacing a stale socket file from an earlier run (but nothing
-/// else), and opens it to every user: the directory it lives in decides who can reach it.
-fn bind_uds(path: &Path) -> Result<UnixListener, ServeError> {
+/// else), and gives it `mode` (0660 unless configured).
+fn bind_uds(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     let bind_err = |source| ServeError::Bind {
         what: "gRPC",
         addr: path.display().to_string(),
@@ -132,7 +150,8 @@ fn bind_uds(path: &Path) -> Result<UnixListener, ServeError> {
         Err(_) => {}
     }
     let listener = UnixListener::bind(path).map_err(bind_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))
+        .map_err(bind_err)?;
     Ok(listener)
 }
 

@@ -146,6 +146,13 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
         .into_inner();
     assert_eq!(over_tcp.decision(), pb::Decision::GiveUp);
     assert_eq!(over_tcp.dead_letter_queue, "webhooks-dead");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "socket mode {mode:o}");
     let mut uds = RetryAdvisorClient::new(client::uds_channel(socket.clone()).await.expect("uds"));
     let over_uds = uds.decide(ask).await.expect("uds decide").into_inner();
     assert_eq!(over_uds, over_tcp);
@@ -180,6 +187,27 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
     };
     assert!(status.success(), "{status:?}");
     assert!(!socket.exists(), "socket file removed on exit");
+}
+
+#[tokio::test]
+async fn the_socket_mode_is_configurable() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let socket = tmp.path().join("rebound.sock");
+    let listen = rebound_sidecar::server::ListenConfig {
+        uds: Some(socket.clone()),
+        uds_mode: 0o600,
+        ..Default::default()
+    };
+    let _listeners = rebound_sidecar::server::Listeners::bind(&listen)
+        .await
+        .expect("bind");
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
 }
 
 #[tokio::test]

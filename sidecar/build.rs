@@ -54,7 +54,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut server = tonic_prost_build::configure()
         .build_client(false)
         .build_server(true)
-        .codec_path("crate::pb::SmallCodec")
+        .codec_path("crate::pb::ServerCodec")
         .out_dir(&server_out);
     for name in RESPONSES {
         server = server.extern_path(

@@ -12,7 +12,7 @@ use rebound_policy::{
 
 use crate::{
     config::Loaded,
-    pb::{server as wire, v1 as pb},
+    pb::{EncodedBound, count_field, server as wire, v1 as pb},
 };
 
 /// Longest queue name accepted; the same bound as the CRD's names.
@@ -23,8 +23,49 @@ pub const MAX_ERROR_CLASS_LEN: usize = 253;
 pub const MAX_JOB_ID_LEN: usize = 512;
 /// Most requests in one batch; with the field bounds this keeps a batch under 300 KiB.
 pub const MAX_BATCH: usize = 256;
-/// Largest request message the server decodes, just above the largest valid batch.
+/// Largest `Decide` or `GetPolicy` message: a valid one needs at most 1,055 bytes; the
+/// rest leaves room for fields newer clients may add.
+pub const MAX_DECIDE_BYTES: usize = 2 * 1024;
+/// Largest request message the server buffers (a `DecideBatch`): `MAX_BATCH` items of
+/// `MAX_DECIDE_BYTES`.
 pub const MAX_REQUEST_BYTES: usize = 512 * 1024;
+
+fn too_large(rpc: &str, len: usize, max: usize) -> tonic::Status {
+    tonic::Status::resource_exhausted(format!(
+        "{rpc} request is {len} bytes; at most {max} are allowed"
+    ))
+}
+
+impl EncodedBound for wire::DecideRequest {
+    fn check_encoded(bytes: &[u8]) -> Result<(), tonic::Status> {
+        if bytes.len() > MAX_DECIDE_BYTES {
+            return Err(too_large("Decide", bytes.len(), MAX_DECIDE_BYTES));
+        }
+        Ok(())
+    }
+}
+
+impl EncodedBound for wire::GetPolicyRequest {
+    fn check_encoded(bytes: &[u8]) -> Result<(), tonic::Status> {
+        if bytes.len() > MAX_DECIDE_BYTES {
+            return Err(too_large("GetPolicy", bytes.len(), MAX_DECIDE_BYTES));
+        }
+        Ok(())
+    }
+}
+
+impl EncodedBound for wire::DecideBatchRequest {
+    /// Counts the items before any is decoded.
+    fn check_encoded(bytes: &[u8]) -> Result<(), tonic::Status> {
+        let items = count_field(bytes, 1, MAX_BATCH);
+        if items > MAX_BATCH {
+            return Err(tonic::Status::invalid_argument(format!(
+                "requests holds more than {MAX_BATCH} items; at most {MAX_BATCH} are allowed"
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// Why a request got no decision.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -28,8 +28,20 @@ use crate::{
 };
 
 /// Concurrent calls per HTTP/2 connection; with the message bound this caps a client's
-/// buffered requests.
-pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+/// buffered requests (32 × 512 KiB per connection at worst; more calls queue at the client).
+pub const MAX_CONCURRENT_STREAMS: u32 = 32;
+/// A call (body included) that takes longer is cut off: real ones take microseconds, and a
+/// half-sent message must not hold its buffer for ever.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle connections are probed this often and dropped when the probe is not answered
+/// within [`KEEPALIVE_TIMEOUT`].
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 flow-control windows: how much a client may send ahead of the server reading.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Request headers a client may send (gRPC needs a few hundred bytes).
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Health and reflection requests are tiny; refuse anything larger.
 const MAX_SMALL_REQUEST_BYTES: usize = 16 * 1024;
 
@@ -212,7 +224,7 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let grpc = || Server::builder().max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    let grpc = || hardened(Server::builder()).max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let mut servers = JoinSet::new();
     if let Some(listener) = listeners.tcp {
         let incoming =
@@ -239,7 +251,7 @@ pub async fn serve(
         );
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = Server::builder()
+        let server = hardened(Server::builder())
             .accept_http1(true)
             .max_concurrent_streams(16)
             .add_routes(Routes::from(router))
@@ -277,6 +289,17 @@ pub async fn serve(
         Some(name) => Err(ServeError::Listener(name)),
         None => Ok(()),
     }
+}
+
+/// The limits every listener gets.
+fn hardened(builder: Server) -> Server {
+    builder
+        .timeout(REQUEST_TIMEOUT)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
 }
 
 type Ended = Result<(&'static str, Result<(), tonic::transport::Error>), tokio::task::JoinError>;

@@ -350,3 +350,79 @@ async fn invalid_utf8_and_implausible_times_are_per_item_invalid_argument() {
     assert_eq!(status.code(), Code::InvalidArgument);
     server.stop().await;
 }
+
+/// A batch as raw items, to send far more (empty) items than any valid batch.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawItems {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    requests: Vec<Vec<u8>>,
+}
+
+async fn raw_call<M: prost::Message + Send + Sync + 'static>(
+    addr: std::net::SocketAddr,
+    method: &'static str,
+    message: M,
+) -> tonic::Status {
+    let channel = rebound_sidecar::client::tcp_channel(addr)
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let codec = tonic_prost::ProstCodec::<M, pb::DecideBatchResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+    grpc.unary(tonic::Request::new(message), path, codec)
+        .await
+        .expect_err("refused")
+}
+
+#[tokio::test]
+async fn each_rpc_has_its_own_message_bound_and_batches_are_counted_before_decoding() {
+    let store = common::store();
+    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    let server = common::start(store, common::fixed_clock(0)).await;
+    let mut client = server.advisor().await;
+
+    // A Decide or GetPolicy needs about 1 KiB: 3 KB is refused before decoding.
+    let status = client
+        .decide(pb::DecideRequest {
+            error_class: "x".repeat(3000),
+            ..req("q0", 1)
+        })
+        .await
+        .expect_err("over the Decide bound");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let status = client
+        .get_policy(pb::GetPolicyRequest {
+            queue: "x".repeat(3000),
+        })
+        .await
+        .expect_err("over the GetPolicy bound");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    // 200,000 empty items (400 KB, under the batch message bound): refused by count.
+    let status = raw_call(
+        server.addr,
+        "/rebound.v1.RetryAdvisor/DecideBatch",
+        RawItems {
+            requests: vec![Vec::new(); 200_000],
+        },
+    )
+    .await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // The largest valid batch still fits.
+    let full = pb::DecideBatchRequest {
+        requests: vec![
+            pb::DecideRequest {
+                job_id: "j".repeat(MAX_JOB_ID_LEN),
+                error_class: "e".repeat(253),
+                ..req(&"q".repeat(MAX_QUEUE_LEN), 1)
+            };
+            MAX_BATCH
+        ],
+    };
+    let answered = client.decide_batch(full).await.expect("valid").into_inner();
+    assert_eq!(answered.results.len(), MAX_BATCH);
+    client.decide(req("q0", 1)).await.expect("still answering");
+    server.stop().await;
+}

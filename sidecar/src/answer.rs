@@ -4,16 +4,33 @@
 //! one piece of code.
 
 use rebound_policy::{
-    Context, Decision, Disposition, GiveUpReason, ResolvedPolicy,
+    CompiledDocument, Context, Decision, Disposition, GiveUpReason, PolicyTable, ResolvedPolicy,
     compiled::TableEntry,
     decide,
     spec::{JitterKind, Strategy},
 };
 
-use crate::{
-    config::Loaded,
-    pb::{EncodedBound, count_field, server as wire, v1 as pb},
-};
+use crate::pb::{EncodedBound, count_field, server as wire, v1 as pb};
+
+/// What answering needs from a configuration: the queue table and the names answers
+/// report. Where it came from and when it was loaded is `config`'s business.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub table: PolicyTable,
+    pub namespace: String,
+    /// The document's content hash, `sha256:<hex>`.
+    pub hash: String,
+}
+
+impl Snapshot {
+    pub fn new(doc: &CompiledDocument) -> Self {
+        Self {
+            table: PolicyTable::new(doc),
+            namespace: doc.namespace.clone(),
+            hash: doc.hash.clone(),
+        }
+    }
+}
 
 /// Longest queue name accepted; the same bound as the CRD's names.
 pub const MAX_QUEUE_LEN: usize = 253;
@@ -202,7 +219,7 @@ pub fn check_request(req: &wire::DecideRequest, now_ms: u64) -> Result<Question<
     })
 }
 
-fn lookup<'a>(cfg: &'a Loaded, queue: &str) -> Result<&'a TableEntry, RequestError> {
+fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<&'a TableEntry, RequestError> {
     cfg.table.lookup(queue).ok_or_else(|| {
         if cfg.table.is_empty() {
             return RequestError::NotFound(format!(
@@ -219,7 +236,7 @@ fn lookup<'a>(cfg: &'a Loaded, queue: &str) -> Result<&'a TableEntry, RequestErr
     })
 }
 
-fn policy_ref(cfg: &Loaded, entry: &TableEntry) -> pb::PolicyRef {
+fn policy_ref(cfg: &Snapshot, entry: &TableEntry) -> pb::PolicyRef {
     pb::PolicyRef {
         name: entry.name.clone(),
         namespace: entry.namespace.clone(),
@@ -249,7 +266,7 @@ pub fn context<'a>(q: &Question<'a>, now_ms: u64) -> Context<'a> {
 
 /// Answers one request with the policy that governs its queue.
 pub fn decide_one(
-    cfg: &Loaded,
+    cfg: &Snapshot,
     req: &wire::DecideRequest,
     now_ms: u64,
 ) -> Result<(pb::DecideResponse, Outcome), RequestError> {
@@ -315,7 +332,7 @@ fn disposition_to_wire(d: Disposition) -> (pb::Disposition, String) {
 /// Answers a batch from one configuration; per-item failures stay per item. Calls `count`
 /// with each item's outcome.
 pub fn decide_batch(
-    cfg: &Loaded,
+    cfg: &Snapshot,
     req: &wire::DecideBatchRequest,
     now_ms: u64,
     mut count: impl FnMut(Outcome),
@@ -353,7 +370,7 @@ pub fn decide_batch(
 
 /// The resolved policy that governs a queue.
 pub fn get_policy(
-    cfg: &Loaded,
+    cfg: &Snapshot,
     req: &wire::GetPolicyRequest,
 ) -> Result<pb::GetPolicyResponse, RequestError> {
     let queue = check_queue(&req.queue)?;
@@ -402,7 +419,7 @@ mod tests {
 
     use super::*;
 
-    fn loaded(queues: &[&str]) -> Loaded {
+    fn loaded(queues: &[&str]) -> Snapshot {
         let spec = RetryPolicySpec {
             queues: queues.iter().map(|q| (*q).to_owned()).collect(),
             backoff: None,
@@ -423,7 +440,7 @@ mod tests {
                 params,
             }],
         );
-        Loaded::new(&doc, "test".to_owned(), 1)
+        Snapshot::new(&doc)
     }
 
     fn req(queue: &str, attempt: u32) -> wire::DecideRequest {

@@ -16,25 +16,26 @@ use std::{
 
 use arc_swap::{ArcSwapOption, Guard};
 use rebound_policy::{
-    CompiledDocument, PolicySource, PolicyTable, compile,
+    CompiledDocument, PolicySource, compile,
     compiled::DocumentError,
     manifest::{self, ManifestDocument},
 };
 use tokio::sync::watch;
 
-use crate::metrics::{ConfigState, ConfigView, Metrics};
+use crate::{
+    answer::Snapshot,
+    metrics::{ConfigState, ConfigView, Metrics},
+};
 
 /// Largest configuration file read. A ConfigMap holds at most 1 MiB; the margin lets a
 /// local file of 10,000 policies load while still bounding memory.
 pub const MAX_CONFIG_BYTES: u64 = 8 * 1024 * 1024;
 
-/// One loaded, indexed compiled document.
+/// One loaded, indexed compiled document, with where it came from.
 #[derive(Debug)]
 pub struct Loaded {
-    pub table: PolicyTable,
-    pub namespace: String,
-    /// The document's content hash, `sha256:<hex>`.
-    pub hash: String,
+    /// What requests are answered from.
+    pub snapshot: Snapshot,
     pub policies: usize,
     /// Where it came from, for logs and metrics: a path or `configmap/ns/name`.
     pub origin: String,
@@ -44,27 +45,33 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// What metrics report about it.
-    pub fn view(&self) -> ConfigView<'_> {
-        ConfigView {
-            namespace: &self.namespace,
-            hash: &self.hash,
-            origin: &self.origin,
-            sequence: self.sequence,
-            policies: self.policies,
-            loaded_at: self.loaded_at,
-        }
-    }
-
     pub fn new(doc: &CompiledDocument, origin: String, sequence: u64) -> Self {
         Self {
-            table: PolicyTable::new(doc),
-            namespace: doc.namespace.clone(),
-            hash: doc.hash.clone(),
+            snapshot: Snapshot::new(doc),
             policies: doc.policies.len(),
             origin,
             sequence,
             loaded_at: SystemTime::now(),
+        }
+    }
+
+    pub fn hash(&self) -> &str {
+        &self.snapshot.hash
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.snapshot.namespace
+    }
+
+    /// What metrics report about it.
+    pub fn view(&self) -> ConfigView<'_> {
+        ConfigView {
+            namespace: self.namespace(),
+            hash: self.hash(),
+            origin: &self.origin,
+            sequence: self.sequence,
+            policies: self.policies,
+            loaded_at: self.loaded_at,
         }
     }
 }
@@ -289,8 +296,8 @@ impl Store {
     pub fn install(&self, doc: &CompiledDocument, origin: &str, started: Instant) -> bool {
         self.stale.store(false, Ordering::Relaxed);
         if let Some(current) = self.current.load().as_ref()
-            && current.hash == doc.hash
-            && current.namespace == doc.namespace
+            && current.hash() == doc.hash
+            && current.namespace() == doc.namespace
         {
             tracing::debug!(hash = %doc.hash, origin, "configuration unchanged");
             return false;
@@ -306,8 +313,8 @@ impl Store {
             ConfigState::Active
         };
         tracing::info!(
-            hash = %loaded.hash,
-            namespace = %loaded.namespace,
+            hash = %loaded.hash(),
+            namespace = %loaded.namespace(),
             policies = loaded.policies,
             state = state.as_str(),
             sequence,
@@ -328,7 +335,7 @@ impl Store {
             Some(current) => tracing::warn!(
                 %error,
                 state = ConfigState::Stale.as_str(),
-                kept = %current.hash,
+                kept = %current.hash(),
                 "configuration rejected; still answering from the last good one"
             ),
             None => tracing::warn!(
@@ -413,10 +420,7 @@ mod tests {
             origin: "x".to_owned(),
         });
         let current = store.current().expect("kept");
-        assert_eq!(
-            (current.sequence, current.hash.as_str()),
-            (1, doc.hash.as_str())
-        );
+        assert_eq!((current.sequence, current.hash()), (1, doc.hash.as_str()));
         assert!(*store.subscribe().borrow());
     }
 }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::{
+    answer::Snapshot,
     answer::{self, Outcome},
-    config::{Loaded, Store},
+    config::Store,
     pb::{
         server::{self as wire, retry_advisor_server::RetryAdvisor},
         v1 as pb,
@@ -28,10 +29,10 @@ impl Advisor {
         Self { store, clock }
     }
 
-    fn with_config<T>(&self, f: impl FnOnce(&Loaded) -> Result<T, Status>) -> Result<T, Status> {
+    fn with_config<T>(&self, f: impl FnOnce(&Snapshot) -> Result<T, Status>) -> Result<T, Status> {
         let guard = self.store.snapshot();
         match guard.as_deref() {
-            Some(cfg) => f(cfg),
+            Some(cfg) => f(&cfg.snapshot),
             None => {
                 self.store.metrics().count_unavailable();
                 Err(Status::unavailable(

@@ -25,7 +25,7 @@ fn exercise(doc: &CompiledDocument) {
     let again = CompiledDocument::from_json(doc.to_json().as_bytes())
         .expect("a document that passed the checks re-reads");
     assert_eq!(again.hash, doc.hash);
-    let loaded = config::Loaded::new(doc, "fuzz".to_owned(), 1);
+    let loaded = answer::Snapshot::new(doc);
     for policy in &doc.policies {
         for queue in &policy.queues {
             for attempt in [1, 2, policy.params.max_attempts, u32::MAX] {

@@ -10,18 +10,17 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use rebound_sidecar::{
-    answer,
-    config::Loaded,
+    answer::{self, Snapshot},
     pb::{server as wire, v1 as pb},
     testkit,
 };
 
-fn table() -> &'static Loaded {
-    static TABLE: OnceLock<Loaded> = OnceLock::new();
-    TABLE.get_or_init(|| Loaded::new(&testkit::document("fuzz", 40, 0), "fuzz".to_owned(), 1))
+fn table() -> &'static Snapshot {
+    static TABLE: OnceLock<Snapshot> = OnceLock::new();
+    TABLE.get_or_init(|| Snapshot::new(&testkit::document("fuzz", 40, 0)))
 }
 
-fn check(cfg: &Loaded, req: &wire::DecideRequest, result: &Result<pb::DecideResponse, answer::RequestError>) {
+fn check(cfg: &Snapshot, req: &wire::DecideRequest, result: &Result<pb::DecideResponse, answer::RequestError>) {
     match result {
         Ok(r) => {
             let queue = std::str::from_utf8(&req.queue).expect("answered, so UTF-8");

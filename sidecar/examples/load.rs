@@ -1,11 +1,11 @@
-//! `rebound-sidecar-load`: the sidecar's load benchmark. Starts the real `rebound-sidecar`
+//! The sidecar's load benchmark (`cargo run --release -p rebound-sidecar --example load`). Starts the real `rebound-sidecar`
 //! binary on a generated table (10,000 policies by default) in a reproduced ConfigMap
 //! volume and prints, from one run: start-up time to SERVING; idle RSS; Decide against the
 //! health Check baseline over TCP loopback and the Unix socket, sequential and concurrent
 //! (p50/p99, throughput, ratio); RSS under load; reload time for the whole table, with the
 //! latency of calls made during the reload. A program that prints figures, not a test.
 //!
-//! cargo build --release -p rebound-sidecar --bins && target/release/rebound-sidecar-load
+//! cargo build --release -p rebound-sidecar --bins --example load && target/release/examples/load
 
 use std::{
     net::{SocketAddr, TcpListener},
@@ -30,7 +30,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 #[derive(Debug, Parser)]
-#[command(name = "rebound-sidecar-load")]
+#[command(name = "load")]
 struct Args {
     /// Policies in the generated table.
     #[arg(long, default_value_t = 10_000)]
@@ -123,8 +123,10 @@ async fn serving(channel: Channel) -> bool {
 async fn run(args: Args) -> Result<()> {
     let sidecar_bin = match args.sidecar.clone() {
         Some(p) => p,
+        // Examples are built into target/<profile>/examples, the binary one level up.
         None => std::env::current_exe()?
             .parent()
+            .and_then(|examples| examples.parent())
             .context("no parent directory")?
             .join("rebound-sidecar"),
     };

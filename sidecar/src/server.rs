@@ -12,12 +12,19 @@ use std::{
     time::Duration,
 };
 
+use std::{pin::Pin, task::Poll};
+
 use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, UnixListener},
     sync::watch,
     task::JoinSet,
 };
-use tonic::{service::Routes, transport::Server};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{
+    service::Routes,
+    transport::{Server, server::Connected},
+};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
@@ -40,6 +47,11 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 flow-control windows: how much a client may send ahead of the server reading.
 const STREAM_WINDOW: u32 = 64 * 1024;
 const CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Connections served at once on each gRPC listener (a worker needs one or a few); further
+/// ones are closed as they are accepted.
+pub const MAX_CONNECTIONS: usize = 64;
+/// The same for the admin port (kubelet's probes and a scraper).
+pub const MAX_ADMIN_CONNECTIONS: usize = 16;
 /// Request headers a client may send (gRPC needs a few hundred bytes).
 const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Health and reflection requests are tiny; refuse anything larger.
@@ -227,8 +239,11 @@ pub async fn serve(
     let grpc = || hardened(Server::builder()).max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let mut servers = JoinSet::new();
     if let Some(listener) = listeners.tcp {
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = capped(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            MAX_CONNECTIONS,
+            "tcp",
+        );
         let server = grpc()
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(incoming, stopped());
@@ -236,7 +251,11 @@ pub async fn serve(
     }
     let mut socket_path = None;
     if let Some((listener, path)) = listeners.uds {
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let incoming = capped(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            MAX_CONNECTIONS,
+            "uds",
+        );
         let server = grpc()
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(incoming, stopped());
@@ -249,8 +268,11 @@ pub async fn serve(
             "/metrics",
             axum::routing::get(move || metrics(Arc::clone(&metrics_store))),
         );
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = capped(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            MAX_ADMIN_CONNECTIONS,
+            "admin",
+        );
         let server = hardened(Server::builder())
             .accept_http1(true)
             .max_concurrent_streams(16)
@@ -289,6 +311,90 @@ pub async fn serve(
         Some(name) => Err(ServeError::Listener(name)),
         None => Ok(()),
     }
+}
+
+/// An accepted connection that holds one of its listener's connection slots.
+struct Capped<IO> {
+    io: IO,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<IO: Connected> Connected for Capped<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Serves at most `max` connections from `incoming` at once; a connection accepted beyond
+/// that is closed at once (dropped), so it costs no buffers.
+fn capped<IO>(
+    incoming: impl Stream<Item = std::io::Result<IO>>,
+    max: usize,
+    listener: &'static str,
+) -> impl Stream<Item = std::io::Result<Capped<IO>>> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    incoming.filter_map(move |accepted| match accepted {
+        Err(error) => Some(Err(error)),
+        Ok(io) => match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => Some(Ok(Capped { io, _slot: slot })),
+            Err(_) => {
+                tracing::debug!(
+                    listener,
+                    max,
+                    "connection limit reached; closing a new connection"
+                );
+                None
+            }
+        },
+    })
 }
 
 /// The limits every listener gets.

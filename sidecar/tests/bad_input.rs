@@ -426,3 +426,53 @@ async fn each_rpc_has_its_own_message_bound_and_batches_are_counted_before_decod
     client.decide(req("q0", 1)).await.expect("still answering");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_and_served_again_once_others_leave() {
+    use rebound_sidecar::server::MAX_CONNECTIONS;
+    let store = common::store();
+    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    let server = common::start(store, common::fixed_clock(0)).await;
+    let mut idle = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        idle.push(
+            tokio::net::TcpStream::connect(server.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let addr = server.addr;
+    common::eventually(
+        "a connection past the cap to be closed",
+        std::time::Duration::from_secs(10),
+        || async move {
+            use tokio::io::AsyncReadExt;
+            let Ok(mut extra) = tokio::net::TcpStream::connect(addr).await else {
+                return false;
+            };
+            let mut buf = [0u8; 64];
+            // Closed at once: EOF (or a reset) instead of the server's HTTP/2 SETTINGS.
+            matches!(
+                tokio::time::timeout(std::time::Duration::from_secs(2), extra.read(&mut buf)).await,
+                Ok(Ok(0) | Err(_))
+            )
+        },
+    )
+    .await;
+    drop(idle);
+    common::eventually(
+        "answers once the idle connections are gone",
+        std::time::Duration::from_secs(10),
+        || async move {
+            let Ok(channel) = rebound_sidecar::client::tcp_channel(addr).await else {
+                return false;
+            };
+            pb::retry_advisor_client::RetryAdvisorClient::new(channel)
+                .decide(req("q0", 1))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    server.stop().await;
+}

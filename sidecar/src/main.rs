@@ -67,6 +67,11 @@ struct Args {
     #[arg(long)]
     allow_non_loopback: bool,
 
+    /// Also serve /metrics when --admin-listen is not a loopback address (by default such
+    /// an admin port serves only gRPC health, for kubelet's probe).
+    #[arg(long)]
+    metrics_beyond_loopback: bool,
+
     /// How often files are re-checked besides change notifications.
     #[arg(long, default_value = "10s")]
     poll_interval: KubeDuration,
@@ -132,6 +137,7 @@ async fn run(args: Args) -> Result<()> {
         uds_mode: args.uds_mode,
         admin: (!args.no_admin).then_some(args.admin_listen),
         allow_non_loopback: args.allow_non_loopback,
+        metrics_beyond_loopback: args.metrics_beyond_loopback,
     };
     if listen.tcp.is_none() && listen.uds.is_none() {
         bail!("--no-tcp needs --uds: there would be nothing to serve on");

@@ -69,6 +69,7 @@ impl Default for ListenConfig {
             uds_mode: DEFAULT_UDS_MODE,
             admin: None,
             allow_non_loopback: false,
+            metrics_beyond_loopback: false,
         }
     }
 }
@@ -83,6 +84,9 @@ pub struct ListenConfig {
     pub admin: Option<SocketAddr>,
     /// Without it, any address other than loopback is refused.
     pub allow_non_loopback: bool,
+    /// Serve `/metrics` on an admin address that is not loopback; without it such an admin
+    /// port (e.g. on the Pod IP for kubelet's probe) serves only gRPC health.
+    pub metrics_beyond_loopback: bool,
 }
 
 /// A listener that could not be set up.
@@ -115,6 +119,8 @@ pub struct Listeners {
     tcp: Option<TcpListener>,
     uds: Option<(UnixListener, PathBuf)>,
     admin: Option<TcpListener>,
+    /// Whether the admin port serves `/metrics`.
+    admin_metrics: bool,
 }
 
 impl Listeners {
@@ -131,7 +137,14 @@ impl Listeners {
             Some(path) => Some((bind_uds(path, cfg.uds_mode)?, path.clone())),
             None => None,
         };
-        Ok(Self { tcp, uds, admin })
+        let admin_metrics =
+            cfg.metrics_beyond_loopback || cfg.admin.is_some_and(|addr| addr.ip().is_loopback());
+        Ok(Self {
+            tcp,
+            uds,
+            admin,
+            admin_metrics,
+        })
     }
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
@@ -263,11 +276,14 @@ pub async fn serve(
         socket_path = Some(path);
     }
     if let Some(listener) = listeners.admin {
-        let metrics_store = Arc::clone(&store);
-        let router = Routes::new(health).into_axum_router().route(
-            "/metrics",
-            axum::routing::get(move || metrics(Arc::clone(&metrics_store))),
-        );
+        let mut router = Routes::new(health).into_axum_router();
+        if listeners.admin_metrics {
+            let metrics_store = Arc::clone(&store);
+            router = router.route(
+                "/metrics",
+                axum::routing::get(move || metrics(Arc::clone(&metrics_store))),
+            );
+        }
         let incoming = capped(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             MAX_ADMIN_CONNECTIONS,

@@ -4,13 +4,33 @@
 //! one piece of code.
 
 use rebound_policy::{
-    Context, Decision, Disposition, GiveUpReason, ResolvedPolicy,
+    CompiledDocument, Context, Decision, Disposition, GiveUpReason, PolicyTable, ResolvedPolicy,
     compiled::TableEntry,
     decide,
     spec::{JitterKind, Strategy},
 };
 
-use crate::{config::Loaded, pb::v1 as pb};
+use crate::pb::{EncodedBound, count_field, server as wire, v1 as pb};
+
+/// What answering needs from a configuration: the queue table and the names answers
+/// report. Where it came from and when it was loaded is `config`'s business.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub table: PolicyTable,
+    pub namespace: String,
+    /// The document's content hash, `sha256:<hex>`.
+    pub hash: String,
+}
+
+impl Snapshot {
+    pub fn new(doc: &CompiledDocument) -> Self {
+        Self {
+            table: PolicyTable::new(doc),
+            namespace: doc.namespace.clone(),
+            hash: doc.hash.clone(),
+        }
+    }
+}
 
 /// Longest queue name accepted; the same bound as the CRD's names.
 pub const MAX_QUEUE_LEN: usize = 253;
@@ -20,8 +40,49 @@ pub const MAX_ERROR_CLASS_LEN: usize = 253;
 pub const MAX_JOB_ID_LEN: usize = 512;
 /// Most requests in one batch; with the field bounds this keeps a batch under 300 KiB.
 pub const MAX_BATCH: usize = 256;
-/// Largest request message the server decodes, just above the largest valid batch.
+/// Largest `Decide` or `GetPolicy` message: a valid one needs at most 1,055 bytes; the
+/// rest leaves room for fields newer clients may add.
+pub const MAX_DECIDE_BYTES: usize = 2 * 1024;
+/// Largest request message the server buffers (a `DecideBatch`): `MAX_BATCH` items of
+/// `MAX_DECIDE_BYTES`.
 pub const MAX_REQUEST_BYTES: usize = 512 * 1024;
+
+fn too_large(rpc: &str, len: usize, max: usize) -> tonic::Status {
+    tonic::Status::resource_exhausted(format!(
+        "{rpc} request is {len} bytes; at most {max} are allowed"
+    ))
+}
+
+impl EncodedBound for wire::DecideRequest {
+    fn check_encoded(bytes: &[u8]) -> Result<(), tonic::Status> {
+        if bytes.len() > MAX_DECIDE_BYTES {
+            return Err(too_large("Decide", bytes.len(), MAX_DECIDE_BYTES));
+        }
+        Ok(())
+    }
+}
+
+impl EncodedBound for wire::GetPolicyRequest {
+    fn check_encoded(bytes: &[u8]) -> Result<(), tonic::Status> {
+        if bytes.len() > MAX_DECIDE_BYTES {
+            return Err(too_large("GetPolicy", bytes.len(), MAX_DECIDE_BYTES));
+        }
+        Ok(())
+    }
+}
+
+impl EncodedBound for wire::DecideBatchRequest {
+    /// Counts the items before any is decoded.
+    fn check_encoded(bytes: &[u8]) -> Result<(), tonic::Status> {
+        let items = count_field(bytes, 1, MAX_BATCH);
+        if items > MAX_BATCH {
+            return Err(tonic::Status::invalid_argument(format!(
+                "requests holds more than {MAX_BATCH} items; at most {MAX_BATCH} are allowed"
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// Why a request got no decision.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -71,26 +132,74 @@ fn invalid(message: String) -> RequestError {
     RequestError::InvalidArgument(message)
 }
 
-fn check_len(field: &str, value: &str, max: usize) -> Result<(), RequestError> {
+/// Earliest `first_failure_unix_ms` taken as milliseconds (2001-09-09T01:46:40Z): any
+/// time in seconds since the epoch is far below it, so a unit mix-up cannot pass as a
+/// very old first failure (which would give up at once with DEADLINE).
+pub const MIN_FIRST_FAILURE_MS: u64 = 1_000_000_000_000;
+/// How far in the future `first_failure_unix_ms` may lie (clock skew between the worker's
+/// host and the sidecar's); such a time counts as "now". Later ones are refused: they
+/// would silently switch maxRetryDuration off.
+pub const MAX_CLOCK_SKEW_MS: u64 = 5 * 60 * 1000;
+
+/// A request whose fields have been checked: text is UTF-8 within bounds, unset fields are
+/// `None`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Question<'a> {
+    pub queue: &'a str,
+    pub attempt: u32,
+    pub job_id: Option<&'a str>,
+    pub error_class: Option<&'a str>,
+    pub first_failure_ms: Option<u64>,
+    pub retry_after_ms: Option<u64>,
+}
+
+/// A text field as the server decoded it (bytes), checked for UTF-8 and length.
+fn text<'a>(field: &str, value: &'a [u8], max: usize) -> Result<&'a str, RequestError> {
     if value.len() > max {
         return Err(invalid(format!(
             "{field} is {} bytes long; at most {max} are allowed",
             value.len()
         )));
     }
-    Ok(())
+    std::str::from_utf8(value).map_err(|e| {
+        invalid(format!(
+            "{field} is not valid UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })
 }
 
-fn check_queue(queue: &str) -> Result<(), RequestError> {
+fn check_queue(queue: &[u8]) -> Result<&str, RequestError> {
     if queue.is_empty() {
         return Err(invalid("queue must not be empty".to_owned()));
     }
-    check_len("queue", queue, MAX_QUEUE_LEN)
+    text("queue", queue, MAX_QUEUE_LEN)
 }
 
-/// Checks the fields of a request; the message names the first bad field.
-pub fn check_request(req: &pb::DecideRequest) -> Result<(), RequestError> {
-    check_queue(&req.queue)?;
+fn check_first_failure(ms: u64, now_ms: u64) -> Result<Option<u64>, RequestError> {
+    if ms == 0 {
+        return Ok(None);
+    }
+    if ms < MIN_FIRST_FAILURE_MS {
+        return Err(invalid(format!(
+            "first_failure_unix_ms is {ms}, before 2001-09-09 in milliseconds: it looks like \
+             seconds; send milliseconds since the Unix epoch (or 0 if unknown)"
+        )));
+    }
+    if ms > now_ms.saturating_add(MAX_CLOCK_SKEW_MS) {
+        return Err(invalid(format!(
+            "first_failure_unix_ms is {ms}, {} ms after the sidecar's clock ({now_ms}); at \
+             most {MAX_CLOCK_SKEW_MS} ms of clock skew is accepted",
+            ms - now_ms
+        )));
+    }
+    Ok(Some(ms.min(now_ms)))
+}
+
+/// Checks the fields of a request against the sidecar's clock; the message names the first
+/// bad field.
+pub fn check_request(req: &wire::DecideRequest, now_ms: u64) -> Result<Question<'_>, RequestError> {
+    let queue = check_queue(&req.queue)?;
     if req.attempt == 0 {
         return Err(invalid(
             "attempt must be at least 1: it is the 1-based number of the run that just failed \
@@ -98,12 +207,27 @@ pub fn check_request(req: &pb::DecideRequest) -> Result<(), RequestError> {
                 .to_owned(),
         ));
     }
-    check_len("job_id", &req.job_id, MAX_JOB_ID_LEN)?;
-    check_len("error_class", &req.error_class, MAX_ERROR_CLASS_LEN)
+    let job_id = text("job_id", &req.job_id, MAX_JOB_ID_LEN)?;
+    let error_class = text("error_class", &req.error_class, MAX_ERROR_CLASS_LEN)?;
+    Ok(Question {
+        queue,
+        attempt: req.attempt,
+        job_id: non_empty(job_id),
+        error_class: non_empty(error_class),
+        first_failure_ms: check_first_failure(req.first_failure_unix_ms, now_ms)?,
+        retry_after_ms: non_zero(req.retry_after_ms),
+    })
 }
 
-fn lookup<'a>(cfg: &'a Loaded, queue: &str) -> Result<&'a TableEntry, RequestError> {
+fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<&'a TableEntry, RequestError> {
     cfg.table.lookup(queue).ok_or_else(|| {
+        if cfg.table.is_empty() {
+            return RequestError::NotFound(format!(
+                "namespace {:?} has no RetryPolicies (configuration {} is empty), so none \
+                 governs queue {queue:?}",
+                cfg.namespace, cfg.hash
+            ));
+        }
         RequestError::NotFound(format!(
             "no RetryPolicy in namespace {:?} governs queue {queue:?}, and there is no \
              catch-all \"*\" policy",
@@ -112,7 +236,7 @@ fn lookup<'a>(cfg: &'a Loaded, queue: &str) -> Result<&'a TableEntry, RequestErr
     })
 }
 
-fn policy_ref(cfg: &Loaded, entry: &TableEntry) -> pb::PolicyRef {
+fn policy_ref(cfg: &Snapshot, entry: &TableEntry) -> pb::PolicyRef {
     pb::PolicyRef {
         name: entry.name.clone(),
         namespace: entry.namespace.clone(),
@@ -129,26 +253,26 @@ fn non_zero(n: u64) -> Option<u64> {
     (n != 0).then_some(n)
 }
 
-/// The `decide` context for a request: empty strings and zeros mean "not given".
-pub fn context(req: &pb::DecideRequest, now_ms: u64) -> Context<'_> {
+/// The `decide` context for a checked request.
+pub fn context<'a>(q: &Question<'a>, now_ms: u64) -> Context<'a> {
     Context {
-        job_id: non_empty(&req.job_id),
-        error_class: non_empty(&req.error_class),
-        first_failure_ms: non_zero(req.first_failure_unix_ms),
+        job_id: q.job_id,
+        error_class: q.error_class,
+        first_failure_ms: q.first_failure_ms,
         now_ms: Some(now_ms),
-        retry_after_ms: non_zero(req.retry_after_ms),
+        retry_after_ms: q.retry_after_ms,
     }
 }
 
 /// Answers one request with the policy that governs its queue.
 pub fn decide_one(
-    cfg: &Loaded,
-    req: &pb::DecideRequest,
+    cfg: &Snapshot,
+    req: &wire::DecideRequest,
     now_ms: u64,
 ) -> Result<(pb::DecideResponse, Outcome), RequestError> {
-    check_request(req)?;
-    let entry = lookup(cfg, &req.queue)?;
-    let decision = decide(&entry.policy, req.attempt, &context(req, now_ms));
+    let q = check_request(req, now_ms)?;
+    let entry = lookup(cfg, q.queue)?;
+    let decision = decide(&entry.policy, q.attempt, &context(&q, now_ms));
     Ok(to_response(decision, policy_ref(cfg, entry)))
 }
 
@@ -208,8 +332,8 @@ fn disposition_to_wire(d: Disposition) -> (pb::Disposition, String) {
 /// Answers a batch from one configuration; per-item failures stay per item. Calls `count`
 /// with each item's outcome.
 pub fn decide_batch(
-    cfg: &Loaded,
-    req: &pb::DecideBatchRequest,
+    cfg: &Snapshot,
+    req: &wire::DecideBatchRequest,
     now_ms: u64,
     mut count: impl FnMut(Outcome),
 ) -> Result<pb::DecideBatchResponse, RequestError> {
@@ -246,11 +370,11 @@ pub fn decide_batch(
 
 /// The resolved policy that governs a queue.
 pub fn get_policy(
-    cfg: &Loaded,
-    req: &pb::GetPolicyRequest,
+    cfg: &Snapshot,
+    req: &wire::GetPolicyRequest,
 ) -> Result<pb::GetPolicyResponse, RequestError> {
-    check_queue(&req.queue)?;
-    let entry = lookup(cfg, &req.queue)?;
+    let queue = check_queue(&req.queue)?;
+    let entry = lookup(cfg, queue)?;
     Ok(pb::GetPolicyResponse {
         policy: Some(policy_ref(cfg, entry)),
         resolved: Some(resolved_to_wire(entry.policy.params())),
@@ -295,7 +419,7 @@ mod tests {
 
     use super::*;
 
-    fn loaded(queues: &[&str]) -> Loaded {
+    fn loaded(queues: &[&str]) -> Snapshot {
         let spec = RetryPolicySpec {
             queues: queues.iter().map(|q| (*q).to_owned()).collect(),
             backoff: None,
@@ -316,12 +440,12 @@ mod tests {
                 params,
             }],
         );
-        Loaded::new(&doc, "test".to_owned(), 1)
+        Snapshot::new(&doc)
     }
 
-    fn req(queue: &str, attempt: u32) -> pb::DecideRequest {
-        pb::DecideRequest {
-            queue: queue.to_owned(),
+    fn req(queue: &str, attempt: u32) -> wire::DecideRequest {
+        wire::DecideRequest {
+            queue: queue.as_bytes().to_vec(),
             attempt,
             ..Default::default()
         }
@@ -344,7 +468,8 @@ mod tests {
     #[test]
     fn bad_input_is_invalid_argument_and_unknown_queue_not_found() {
         let cfg = loaded(&["q"]);
-        let code = |r: pb::DecideRequest| decide_one(&cfg, &r, 0).map(|_| ()).map_err(|e| e.code());
+        let code =
+            |r: wire::DecideRequest| decide_one(&cfg, &r, 0).map(|_| ()).map_err(|e| e.code());
         assert_eq!(code(req("", 1)), Err(tonic::Code::InvalidArgument));
         assert_eq!(code(req("q", 0)), Err(tonic::Code::InvalidArgument));
         assert_eq!(
@@ -359,6 +484,38 @@ mod tests {
     }
 
     #[test]
+    fn first_failure_must_be_milliseconds_and_not_in_the_future() {
+        let now = 1_800_000_000_000;
+        let at = |ms: u64| {
+            check_request(
+                &wire::DecideRequest {
+                    first_failure_unix_ms: ms,
+                    ..req("q", 1)
+                },
+                now,
+            )
+            .map(|q| q.first_failure_ms)
+            .map_err(|e| e.code())
+        };
+        assert_eq!(at(0), Ok(None));
+        assert_eq!(at(now - 1), Ok(Some(now - 1)));
+        assert_eq!(
+            at(now + MAX_CLOCK_SKEW_MS),
+            Ok(Some(now)),
+            "skew counts as now"
+        );
+        assert_eq!(at(now / 1000), Err(tonic::Code::InvalidArgument));
+        assert_eq!(
+            at(MIN_FIRST_FAILURE_MS - 1),
+            Err(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            at(now + MAX_CLOCK_SKEW_MS + 1),
+            Err(tonic::Code::InvalidArgument)
+        );
+    }
+
+    #[test]
     fn catch_all_serves_unknown_queues() {
         let cfg = loaded(&["*"]);
         assert!(decide_one(&cfg, &req("anything at all", 1), 0).is_ok());
@@ -367,7 +524,7 @@ mod tests {
     #[test]
     fn batch_keeps_order_and_bounds_size() {
         let cfg = loaded(&["q"]);
-        let batch = pb::DecideBatchRequest {
+        let batch = wire::DecideBatchRequest {
             requests: vec![req("q", 1), req("nope", 1), req("q", 0)],
         };
         let mut seen = Vec::new();
@@ -383,7 +540,7 @@ mod tests {
             .collect();
         assert_eq!(codes, [0, 5, 3]);
         assert_eq!(seen.len(), 3);
-        let big = pb::DecideBatchRequest {
+        let big = wire::DecideBatchRequest {
             requests: vec![req("q", 1); MAX_BATCH + 1],
         };
         assert!(decide_batch(&cfg, &big, 0, |_| ()).is_err());

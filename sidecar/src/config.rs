@@ -9,32 +9,33 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime},
 };
 
 use arc_swap::{ArcSwapOption, Guard};
 use rebound_policy::{
-    CompiledDocument, PolicySource, PolicyTable, compile,
+    CompiledDocument, PolicySource, compile,
     compiled::DocumentError,
     manifest::{self, ManifestDocument},
 };
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
+use crate::{
+    answer::Snapshot,
+    metrics::{ConfigState, ConfigView, Metrics},
+};
 
 /// Largest configuration file read. A ConfigMap holds at most 1 MiB; the margin lets a
 /// local file of 10,000 policies load while still bounding memory.
 pub const MAX_CONFIG_BYTES: u64 = 8 * 1024 * 1024;
 
-/// One loaded, indexed compiled document.
+/// One loaded, indexed compiled document, with where it came from.
 #[derive(Debug)]
 pub struct Loaded {
-    pub table: PolicyTable,
-    pub namespace: String,
-    /// The document's content hash, `sha256:<hex>`.
-    pub hash: String,
+    /// What requests are answered from.
+    pub snapshot: Snapshot,
     pub policies: usize,
     /// Where it came from, for logs and metrics: a path or `configmap/ns/name`.
     pub origin: String,
@@ -46,13 +47,31 @@ pub struct Loaded {
 impl Loaded {
     pub fn new(doc: &CompiledDocument, origin: String, sequence: u64) -> Self {
         Self {
-            table: PolicyTable::new(doc),
-            namespace: doc.namespace.clone(),
-            hash: doc.hash.clone(),
+            snapshot: Snapshot::new(doc),
             policies: doc.policies.len(),
             origin,
             sequence,
             loaded_at: SystemTime::now(),
+        }
+    }
+
+    pub fn hash(&self) -> &str {
+        &self.snapshot.hash
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.snapshot.namespace
+    }
+
+    /// What metrics report about it.
+    pub fn view(&self) -> ConfigView<'_> {
+        ConfigView {
+            namespace: self.namespace(),
+            hash: self.hash(),
+            origin: &self.origin,
+            sequence: self.sequence,
+            policies: self.policies,
+            loaded_at: self.loaded_at,
         }
     }
 }
@@ -65,6 +84,8 @@ pub enum LoadError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is {kind}, not a regular file; refusing to read it")]
+    NotRegular { path: PathBuf, kind: &'static str },
     #[error("{path} is larger than {MAX_CONFIG_BYTES} bytes")]
     TooLarge { path: PathBuf },
     #[error("{origin}: {source}")]
@@ -98,14 +119,27 @@ pub enum LoadError {
     Source { origin: String, message: String },
 }
 
-/// Reads a file with the size bound.
+/// Reads a regular file with the size bound. The file is opened without blocking and
+/// checked through its open descriptor, so a FIFO, socket or device put where the
+/// configuration belongs is refused instead of hanging the loader in `open` or `read`.
 pub fn read_bounded(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::io::Read;
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let read_err = |source| LoadError::Read {
         path: path.to_owned(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read_err)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.file_type().is_file() {
+        return Err(LoadError::NotRegular {
+            path: path.to_owned(),
+            kind: file_kind(&meta.file_type()),
+        });
+    }
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -116,6 +150,23 @@ pub fn read_bounded(path: &Path) -> Result<Vec<u8>, LoadError> {
         });
     }
     Ok(bytes)
+}
+
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// Parses a compiled document (format, hash and every policy checked by the policy crate).
@@ -186,6 +237,8 @@ fn manifest_source(
 pub struct Store {
     current: ArcSwapOption<Loaded>,
     sequence: AtomicU64,
+    /// The latest input was rejected while a configuration is loaded.
+    stale: AtomicBool,
     metrics: Arc<Metrics>,
     /// `true` once a configuration is loaded; the health reporter follows it.
     loaded: watch::Sender<bool>,
@@ -196,6 +249,7 @@ impl Store {
         Arc::new(Self {
             current: ArcSwapOption::empty(),
             sequence: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
             metrics,
             loaded: watch::Sender::new(false),
         })
@@ -214,6 +268,23 @@ impl Store {
         &self.metrics
     }
 
+    /// Which configuration requests are answered from.
+    pub fn state(&self) -> ConfigState {
+        match self.current.load().as_deref() {
+            None => ConfigState::None,
+            Some(_) if self.stale.load(Ordering::Relaxed) => ConfigState::Stale,
+            Some(c) if c.policies == 0 => ConfigState::Empty,
+            Some(_) => ConfigState::Active,
+        }
+    }
+
+    /// The Prometheus exposition of the counters and the current configuration.
+    pub fn render_metrics(&self) -> String {
+        let current = self.current();
+        self.metrics
+            .render(self.state(), current.as_deref().map(Loaded::view))
+    }
+
     /// Becomes `true` when the first configuration is in place.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.loaded.subscribe()
@@ -223,9 +294,10 @@ impl Store {
     /// (read + parse), for the reload-duration metric. Returns `false` when the document is
     /// the one already loaded.
     pub fn install(&self, doc: &CompiledDocument, origin: &str, started: Instant) -> bool {
+        self.stale.store(false, Ordering::Relaxed);
         if let Some(current) = self.current.load().as_ref()
-            && current.hash == doc.hash
-            && current.namespace == doc.namespace
+            && current.hash() == doc.hash
+            && current.namespace() == doc.namespace
         {
             tracing::debug!(hash = %doc.hash, origin, "configuration unchanged");
             return false;
@@ -235,10 +307,16 @@ impl Store {
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();
         self.metrics.reloaded(took);
+        let state = if loaded.policies == 0 {
+            ConfigState::Empty
+        } else {
+            ConfigState::Active
+        };
         tracing::info!(
-            hash = %loaded.hash,
-            namespace = %loaded.namespace,
+            hash = %loaded.hash(),
+            namespace = %loaded.namespace(),
             policies = loaded.policies,
+            state = state.as_str(),
             sequence,
             origin,
             took_ms = took.as_secs_f64() * 1e3,
@@ -252,13 +330,19 @@ impl Store {
     /// Records a rejected configuration; the current one stays.
     pub fn reject(&self, error: &LoadError) {
         self.metrics.reload_failed();
+        self.stale.store(true, Ordering::Relaxed);
         match self.current.load().as_ref() {
             Some(current) => tracing::warn!(
                 %error,
-                kept = %current.hash,
+                state = ConfigState::Stale.as_str(),
+                kept = %current.hash(),
                 "configuration rejected; still answering from the last good one"
             ),
-            None => tracing::warn!(%error, "configuration rejected; no valid configuration yet"),
+            None => tracing::warn!(
+                %error,
+                state = ConfigState::None.as_str(),
+                "configuration rejected; no valid configuration yet"
+            ),
         }
     }
 }
@@ -336,10 +420,7 @@ mod tests {
             origin: "x".to_owned(),
         });
         let current = store.current().expect("kept");
-        assert_eq!(
-            (current.sequence, current.hash.as_str()),
-            (1, doc.hash.as_str())
-        );
+        assert_eq!((current.sequence, current.hash()), (1, doc.hash.as_str()));
         assert!(*store.subscribe().borrow());
     }
 }

@@ -9,8 +9,8 @@
 //! - [`config`] holds the current configuration and swaps it atomically;
 //! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones;
 //! - [`client`] opens channels to a sidecar over TCP or its Unix socket;
-//! - [`testkit`] generates policy tables and reproduces kubelet's volume updates for the
-//!   tests and the load benchmark.
+//! - `testkit` (feature `testkit`, on only for the tests, the load benchmark and the fuzz
+//!   targets) generates policy tables and reproduces kubelet's volume updates.
 
 pub mod answer;
 pub mod client;
@@ -20,6 +20,7 @@ pub mod pb;
 pub mod server;
 pub mod service;
 pub mod source;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 
 /// Milliseconds since the Unix epoch from the system clock; the default clock for deadlines.

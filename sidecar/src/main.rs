@@ -51,6 +51,10 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     uds: Option<PathBuf>,
 
+    /// Permission bits of the Unix socket, in octal (connecting needs write permission).
+    #[arg(long, default_value = "0660", value_parser = parse_mode)]
+    uds_mode: u32,
+
     /// Admin address: gRPC health (for kubelet's probe) and Prometheus /metrics.
     #[arg(long, default_value = "127.0.0.1:7412")]
     admin_listen: SocketAddr,
@@ -62,6 +66,11 @@ struct Args {
     /// Allow listening on addresses other than loopback (e.g. the Pod IP for kubelet's probe).
     #[arg(long)]
     allow_non_loopback: bool,
+
+    /// Also serve /metrics when --admin-listen is not a loopback address (by default such
+    /// an admin port serves only gRPC health, for kubelet's probe).
+    #[arg(long)]
+    metrics_beyond_loopback: bool,
 
     /// How often files are re-checked besides change notifications.
     #[arg(long, default_value = "10s")]
@@ -98,6 +107,15 @@ fn main() -> Result<()> {
     runtime.block_on(run(args))
 }
 
+fn parse_mode(text: &str) -> Result<u32, String> {
+    match u32::from_str_radix(text, 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!(
+            "expected octal permission bits such as 0600 or 0660, got {text:?}"
+        )),
+    }
+}
+
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -116,8 +134,10 @@ async fn run(args: Args) -> Result<()> {
     let listen = ListenConfig {
         tcp: (!args.no_tcp).then_some(args.listen),
         uds: args.uds.clone(),
+        uds_mode: args.uds_mode,
         admin: (!args.no_admin).then_some(args.admin_listen),
         allow_non_loopback: args.allow_non_loopback,
+        metrics_beyond_loopback: args.metrics_beyond_loopback,
     };
     if listen.tcp.is_none() && listen.uds.is_none() {
         bail!("--no-tcp needs --uds: there would be nothing to serve on");

@@ -7,7 +7,47 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use crate::{answer::Outcome, config::Loaded};
+use crate::answer::Outcome;
+
+/// Which configuration the sidecar answers from; what tells "the policies were removed"
+/// from "the configuration is broken".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigState {
+    /// Nothing valid loaded yet: UNAVAILABLE, health NOT_SERVING.
+    None,
+    /// The latest input was used and holds policies.
+    Active,
+    /// The latest input was used and holds no policies (the namespace's last RetryPolicy
+    /// was deleted): every queue is NOT_FOUND, health SERVING.
+    Empty,
+    /// The latest input was rejected (unreadable, invalid, deleted); answers come from the
+    /// last good configuration.
+    Stale,
+}
+
+impl ConfigState {
+    pub const ALL: [ConfigState; 4] = [Self::None, Self::Active, Self::Empty, Self::Stale];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Active => "active",
+            Self::Empty => "empty",
+            Self::Stale => "stale",
+        }
+    }
+}
+
+/// What a scrape reports about the loaded configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct ConfigView<'a> {
+    pub namespace: &'a str,
+    pub hash: &'a str,
+    pub origin: &'a str,
+    pub sequence: u64,
+    pub policies: usize,
+    pub loaded_at: SystemTime,
+}
 
 /// Process-wide counters.
 #[derive(Debug, Default)]
@@ -21,6 +61,7 @@ pub struct Metrics {
     unavailable: AtomicU64,
     reloads: AtomicU64,
     reload_failures: AtomicU64,
+    reads: AtomicU64,
     last_reload_micros: AtomicU64,
 }
 
@@ -59,8 +100,18 @@ impl Metrics {
         self.reload_failures.load(Ordering::Relaxed)
     }
 
+    /// The configuration input was read (a file opened and read, or a watch event's bytes
+    /// taken), whether or not it turned out to be new.
+    pub fn read_input(&self) {
+        inc(&self.reads);
+    }
+
+    pub fn input_reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
     /// The Prometheus text exposition (format 0.0.4).
-    pub fn render(&self, current: Option<&Loaded>) -> String {
+    pub fn render(&self, state: ConfigState, current: Option<ConfigView<'_>>) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut out = String::with_capacity(2048);
         let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
@@ -115,6 +166,12 @@ impl Metrics {
             &[("", get(&self.reload_failures) as f64)],
         );
         family(
+            "rebound_sidecar_config_reads_total",
+            "counter",
+            "Times the configuration input was read, changed or not; stays flat at rest.",
+            &[("", get(&self.reads) as f64)],
+        );
+        family(
             "rebound_sidecar_config_last_reload_duration_seconds",
             "gauge",
             "Read, parse, check and index time of the last configuration loaded.",
@@ -126,6 +183,22 @@ impl Metrics {
             "1 once a valid configuration is loaded (health is SERVING), else 0.",
             &[("", if current.is_some() { 1.0 } else { 0.0 })],
         );
+        let states: Vec<(String, f64)> = ConfigState::ALL
+            .iter()
+            .map(|s| {
+                (
+                    format!("{{state=\"{}\"}}", s.as_str()),
+                    if *s == state { 1.0 } else { 0.0 },
+                )
+            })
+            .collect();
+        let states: Vec<(&str, f64)> = states.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        family(
+            "rebound_sidecar_config_state",
+            "gauge",
+            "1 for the current state: none (nothing loaded), active, empty (no policies: every queue NOT_FOUND), stale (latest input rejected, last good kept).",
+            &states,
+        );
         let Some(cfg) = current else { return out };
         let loaded_at = cfg
             .loaded_at
@@ -136,9 +209,9 @@ impl Metrics {
             .map_or(0.0, |d| d.as_secs_f64());
         let info = format!(
             "{{namespace=\"{}\",hash=\"{}\",origin=\"{}\"}}",
-            escape(&cfg.namespace),
-            escape(&cfg.hash),
-            escape(&cfg.origin)
+            escape(cfg.namespace),
+            escape(cfg.hash),
+            escape(cfg.origin)
         );
         family(
             "rebound_sidecar_config_info",
@@ -192,10 +265,12 @@ mod tests {
         m.count(Outcome::Retry);
         m.count(Outcome::Retry);
         m.reload_failed();
-        let text = m.render(None);
+        let text = m.render(ConfigState::None, None);
         assert!(text.contains("rebound_sidecar_decisions_total{outcome=\"retry\"} 2\n"));
         assert!(text.contains("rebound_sidecar_config_reload_failures_total 1\n"));
         assert!(text.contains("rebound_sidecar_config_loaded 0\n"));
+        assert!(text.contains("rebound_sidecar_config_state{state=\"none\"} 1\n"));
+        assert!(text.contains("rebound_sidecar_config_state{state=\"stale\"} 0\n"));
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

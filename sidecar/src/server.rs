@@ -12,35 +12,81 @@ use std::{
     time::Duration,
 };
 
+use std::{pin::Pin, task::Poll};
+
 use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, UnixListener},
     sync::watch,
     task::JoinSet,
 };
-use tonic::{service::Routes, transport::Server};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{
+    service::Routes,
+    transport::{Server, server::Connected},
+};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     answer::MAX_REQUEST_BYTES,
     config::Store,
-    pb::{self, v1::retry_advisor_server::RetryAdvisorServer},
+    pb::{self, server::retry_advisor_server::RetryAdvisorServer},
     service::{Advisor, Clock},
 };
 
 /// Concurrent calls per HTTP/2 connection; with the message bound this caps a client's
-/// buffered requests.
-pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+/// buffered requests (32 × 512 KiB per connection at worst; more calls queue at the client).
+pub const MAX_CONCURRENT_STREAMS: u32 = 32;
+/// A call (body included) that takes longer is cut off: real ones take microseconds, and a
+/// half-sent message must not hold its buffer for ever.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle connections are probed this often and dropped when the probe is not answered
+/// within [`KEEPALIVE_TIMEOUT`].
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 flow-control windows: how much a client may send ahead of the server reading.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Connections served at once on each gRPC listener (a worker needs one or a few); further
+/// ones are closed as they are accepted.
+pub const MAX_CONNECTIONS: usize = 64;
+/// The same for the admin port (kubelet's probes and a scraper).
+pub const MAX_ADMIN_CONNECTIONS: usize = 16;
+/// Request headers a client may send (gRPC needs a few hundred bytes).
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Health and reflection requests are tiny; refuse anything larger.
 const MAX_SMALL_REQUEST_BYTES: usize = 16 * 1024;
 
+/// The Unix socket's default mode: the owner and its group (the worker container shares
+/// the Pod's `fsGroup`), nobody else.
+pub const DEFAULT_UDS_MODE: u32 = 0o660;
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        Self {
+            tcp: None,
+            uds: None,
+            uds_mode: DEFAULT_UDS_MODE,
+            admin: None,
+            allow_non_loopback: false,
+            metrics_beyond_loopback: false,
+        }
+    }
+}
+
 /// Where to listen.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ListenConfig {
     pub tcp: Option<SocketAddr>,
     pub uds: Option<PathBuf>,
+    /// Permission bits of the Unix socket; connecting needs write permission.
+    pub uds_mode: u32,
     pub admin: Option<SocketAddr>,
     /// Without it, any address other than loopback is refused.
     pub allow_non_loopback: bool,
+    /// Serve `/metrics` on an admin address that is not loopback; without it such an admin
+    /// port (e.g. on the Pod IP for kubelet's probe) serves only gRPC health.
+    pub metrics_beyond_loopback: bool,
 }
 
 /// A listener that could not be set up.
@@ -73,6 +119,8 @@ pub struct Listeners {
     tcp: Option<TcpListener>,
     uds: Option<(UnixListener, PathBuf)>,
     admin: Option<TcpListener>,
+    /// Whether the admin port serves `/metrics`.
+    admin_metrics: bool,
 }
 
 impl Listeners {
@@ -86,10 +134,17 @@ impl Listeners {
             None => None,
         };
         let uds = match &cfg.uds {
-            Some(path) => Some((bind_uds(path)?, path.clone())),
+            Some(path) => Some((bind_uds(path, cfg.uds_mode)?, path.clone())),
             None => None,
         };
-        Ok(Self { tcp, uds, admin })
+        let admin_metrics =
+            cfg.metrics_beyond_loopback || cfg.admin.is_some_and(|addr| addr.ip().is_loopback());
+        Ok(Self {
+            tcp,
+            uds,
+            admin,
+            admin_metrics,
+        })
     }
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
@@ -119,8 +174,8 @@ async fn bind_tcp(
 }
 
 /// Binds a Unix socket, replacing a stale socket file from an earlier run (but nothing
-/// else), and opens it to every user: the directory it lives in decides who can reach it.
-fn bind_uds(path: &Path) -> Result<UnixListener, ServeError> {
+/// else), and gives it `mode` (0660 unless configured).
+fn bind_uds(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     let bind_err = |source| ServeError::Bind {
         what: "gRPC",
         addr: path.display().to_string(),
@@ -132,7 +187,8 @@ fn bind_uds(path: &Path) -> Result<UnixListener, ServeError> {
         Err(_) => {}
     }
     let listener = UnixListener::bind(path).map_err(bind_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(bind_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))
+        .map_err(bind_err)?;
     Ok(listener)
 }
 
@@ -193,11 +249,14 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let grpc = || Server::builder().max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    let grpc = || hardened(Server::builder()).max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let mut servers = JoinSet::new();
     if let Some(listener) = listeners.tcp {
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = capped(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            MAX_CONNECTIONS,
+            "tcp",
+        );
         let server = grpc()
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(incoming, stopped());
@@ -205,7 +264,11 @@ pub async fn serve(
     }
     let mut socket_path = None;
     if let Some((listener, path)) = listeners.uds {
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let incoming = capped(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            MAX_CONNECTIONS,
+            "uds",
+        );
         let server = grpc()
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(incoming, stopped());
@@ -213,14 +276,20 @@ pub async fn serve(
         socket_path = Some(path);
     }
     if let Some(listener) = listeners.admin {
-        let metrics_store = Arc::clone(&store);
-        let router = Routes::new(health).into_axum_router().route(
-            "/metrics",
-            axum::routing::get(move || metrics(Arc::clone(&metrics_store))),
+        let mut router = Routes::new(health).into_axum_router();
+        if listeners.admin_metrics {
+            let metrics_store = Arc::clone(&store);
+            router = router.route(
+                "/metrics",
+                axum::routing::get(move || metrics(Arc::clone(&metrics_store))),
+            );
+        }
+        let incoming = capped(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            MAX_ADMIN_CONNECTIONS,
+            "admin",
         );
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = Server::builder()
+        let server = hardened(Server::builder())
             .accept_http1(true)
             .max_concurrent_streams(16)
             .add_routes(Routes::from(router))
@@ -260,6 +329,101 @@ pub async fn serve(
     }
 }
 
+/// An accepted connection that holds one of its listener's connection slots.
+struct Capped<IO> {
+    io: IO,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<IO: Connected> Connected for Capped<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Serves at most `max` connections from `incoming` at once; a connection accepted beyond
+/// that is closed at once (dropped), so it costs no buffers.
+fn capped<IO>(
+    incoming: impl Stream<Item = std::io::Result<IO>>,
+    max: usize,
+    listener: &'static str,
+) -> impl Stream<Item = std::io::Result<Capped<IO>>> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    incoming.filter_map(move |accepted| match accepted {
+        Err(error) => Some(Err(error)),
+        Ok(io) => match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => Some(Ok(Capped { io, _slot: slot })),
+            Err(_) => {
+                tracing::debug!(
+                    listener,
+                    max,
+                    "connection limit reached; closing a new connection"
+                );
+                None
+            }
+        },
+    })
+}
+
+/// The limits every listener gets.
+fn hardened(builder: Server) -> Server {
+    builder
+        .timeout(REQUEST_TIMEOUT)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+}
+
 type Ended = Result<(&'static str, Result<(), tonic::transport::Error>), tokio::task::JoinError>;
 
 fn log_ended(ended: Ended) {
@@ -271,7 +435,7 @@ fn log_ended(ended: Ended) {
 }
 
 async fn metrics(store: Arc<Store>) -> impl axum::response::IntoResponse {
-    let body = store.metrics().render(store.current().as_deref());
+    let body = store.render_metrics();
     (
         [(
             axum::http::header::CONTENT_TYPE,

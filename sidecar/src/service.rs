@@ -5,9 +5,13 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::{
+    answer::Snapshot,
     answer::{self, Outcome},
-    config::{Loaded, Store},
-    pb::v1::{self as pb, retry_advisor_server::RetryAdvisor},
+    config::Store,
+    pb::{
+        server::{self as wire, retry_advisor_server::RetryAdvisor},
+        v1 as pb,
+    },
 };
 
 /// Where "now" comes from when enforcing maxRetryDuration; tests pin it.
@@ -25,10 +29,10 @@ impl Advisor {
         Self { store, clock }
     }
 
-    fn with_config<T>(&self, f: impl FnOnce(&Loaded) -> Result<T, Status>) -> Result<T, Status> {
+    fn with_config<T>(&self, f: impl FnOnce(&Snapshot) -> Result<T, Status>) -> Result<T, Status> {
         let guard = self.store.snapshot();
         match guard.as_deref() {
-            Some(cfg) => f(cfg),
+            Some(cfg) => f(&cfg.snapshot),
             None => {
                 self.store.metrics().count_unavailable();
                 Err(Status::unavailable(
@@ -43,7 +47,7 @@ impl Advisor {
 impl RetryAdvisor for Advisor {
     async fn decide(
         &self,
-        request: Request<pb::DecideRequest>,
+        request: Request<wire::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let metrics = self.store.metrics();
         let now = (self.clock)();
@@ -63,7 +67,7 @@ impl RetryAdvisor for Advisor {
 
     async fn decide_batch(
         &self,
-        request: Request<pb::DecideBatchRequest>,
+        request: Request<wire::DecideBatchRequest>,
     ) -> Result<Response<pb::DecideBatchResponse>, Status> {
         let metrics = self.store.metrics();
         let now = (self.clock)();
@@ -79,7 +83,7 @@ impl RetryAdvisor for Advisor {
 
     async fn get_policy(
         &self,
-        request: Request<pb::GetPolicyRequest>,
+        request: Request<wire::GetPolicyRequest>,
     ) -> Result<Response<pb::GetPolicyResponse>, Status> {
         self.with_config(|cfg| {
             answer::get_policy(cfg, request.get_ref())

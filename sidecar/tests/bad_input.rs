@@ -205,3 +205,274 @@ async fn before_any_configuration_calls_are_unavailable() {
     assert_eq!(status.code(), Code::Unavailable);
     server.stop().await;
 }
+
+/// `DecideRequest` as a client in another language may send it: text fields as raw bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDecideRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    queue: Vec<u8>,
+    #[prost(uint32, tag = "2")]
+    attempt: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    job_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    error_class: Vec<u8>,
+    #[prost(uint64, tag = "5")]
+    first_failure_unix_ms: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDecideBatchRequest {
+    #[prost(message, repeated, tag = "1")]
+    requests: Vec<RawDecideRequest>,
+}
+
+async fn raw_batch(
+    addr: std::net::SocketAddr,
+    batch: RawDecideBatchRequest,
+) -> Result<pb::DecideBatchResponse, tonic::Status> {
+    let channel = rebound_sidecar::client::tcp_channel(addr)
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let codec =
+        tonic_prost::ProstCodec::<RawDecideBatchRequest, pb::DecideBatchResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/rebound.v1.RetryAdvisor/DecideBatch",
+    );
+    grpc.unary(tonic::Request::new(batch), path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn item_code(result: &pb::DecideResult) -> Option<u32> {
+    match &result.result {
+        Some(pb::decide_result::Result::Error(e)) => Some(e.code),
+        Some(pb::decide_result::Result::Decision(_)) => Some(0),
+        None => None,
+    }
+}
+
+#[tokio::test]
+async fn invalid_utf8_and_implausible_times_are_per_item_invalid_argument() {
+    const NOW: u64 = 1_800_000_000_000;
+    let store = common::store();
+    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    let server = common::start(store, common::fixed_clock(NOW)).await;
+    let good = RawDecideRequest {
+        queue: b"q0".to_vec(),
+        attempt: 1,
+        ..Default::default()
+    };
+    let bad_utf8 = b"q\xff0".to_vec();
+    let items = [
+        (good.clone(), None),
+        (
+            RawDecideRequest {
+                queue: bad_utf8.clone(),
+                ..good.clone()
+            },
+            Some("queue"),
+        ),
+        (
+            RawDecideRequest {
+                job_id: bad_utf8.clone(),
+                ..good.clone()
+            },
+            Some("job_id"),
+        ),
+        (
+            RawDecideRequest {
+                error_class: bad_utf8.clone(),
+                ..good.clone()
+            },
+            Some("error_class"),
+        ),
+        (
+            RawDecideRequest {
+                first_failure_unix_ms: NOW / 1000,
+                ..good.clone()
+            },
+            Some("first_failure_unix_ms"),
+        ),
+        (
+            RawDecideRequest {
+                first_failure_unix_ms: NOW + 3_600_000,
+                ..good.clone()
+            },
+            Some("first_failure_unix_ms"),
+        ),
+        (
+            RawDecideRequest {
+                first_failure_unix_ms: NOW + 1_000,
+                ..good.clone()
+            },
+            None,
+        ),
+        (good.clone(), None),
+    ];
+    let response = raw_batch(
+        server.addr,
+        RawDecideBatchRequest {
+            requests: items.iter().map(|(r, _)| r.clone()).collect(),
+        },
+    )
+    .await
+    .expect("the batch is answered item by item");
+    assert_eq!(response.results.len(), items.len());
+    for ((_, field), result) in items.iter().zip(&response.results) {
+        match field {
+            None => assert_eq!(item_code(result), Some(0), "{result:?}"),
+            Some(field) => {
+                assert_eq!(
+                    item_code(result),
+                    Some(Code::InvalidArgument as u32),
+                    "{field}: {result:?}"
+                );
+                let Some(pb::decide_result::Result::Error(e)) = &result.result else {
+                    unreachable!()
+                };
+                assert_eq!(e.message.split_once(' ').map(|(f, _)| f), Some(*field));
+            }
+        }
+    }
+
+    // Unary: the same check, the same code.
+    let mut client = server.advisor().await;
+    let status = client
+        .decide(pb::DecideRequest {
+            first_failure_unix_ms: NOW / 1000,
+            ..req("q0", 1)
+        })
+        .await
+        .expect_err("seconds, not ms");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    server.stop().await;
+}
+
+/// A batch as raw items, to send far more (empty) items than any valid batch.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawItems {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    requests: Vec<Vec<u8>>,
+}
+
+async fn raw_call<M: prost::Message + Send + Sync + 'static>(
+    addr: std::net::SocketAddr,
+    method: &'static str,
+    message: M,
+) -> tonic::Status {
+    let channel = rebound_sidecar::client::tcp_channel(addr)
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let codec = tonic_prost::ProstCodec::<M, pb::DecideBatchResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+    grpc.unary(tonic::Request::new(message), path, codec)
+        .await
+        .expect_err("refused")
+}
+
+#[tokio::test]
+async fn each_rpc_has_its_own_message_bound_and_batches_are_counted_before_decoding() {
+    let store = common::store();
+    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    let server = common::start(store, common::fixed_clock(0)).await;
+    let mut client = server.advisor().await;
+
+    // A Decide or GetPolicy needs about 1 KiB: 3 KB is refused before decoding.
+    let status = client
+        .decide(pb::DecideRequest {
+            error_class: "x".repeat(3000),
+            ..req("q0", 1)
+        })
+        .await
+        .expect_err("over the Decide bound");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let status = client
+        .get_policy(pb::GetPolicyRequest {
+            queue: "x".repeat(3000),
+        })
+        .await
+        .expect_err("over the GetPolicy bound");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    // 200,000 empty items (400 KB, under the batch message bound): refused by count.
+    let status = raw_call(
+        server.addr,
+        "/rebound.v1.RetryAdvisor/DecideBatch",
+        RawItems {
+            requests: vec![Vec::new(); 200_000],
+        },
+    )
+    .await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // The largest valid batch still fits.
+    let full = pb::DecideBatchRequest {
+        requests: vec![
+            pb::DecideRequest {
+                job_id: "j".repeat(MAX_JOB_ID_LEN),
+                error_class: "e".repeat(253),
+                ..req(&"q".repeat(MAX_QUEUE_LEN), 1)
+            };
+            MAX_BATCH
+        ],
+    };
+    let answered = client.decide_batch(full).await.expect("valid").into_inner();
+    assert_eq!(answered.results.len(), MAX_BATCH);
+    client.decide(req("q0", 1)).await.expect("still answering");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_and_served_again_once_others_leave() {
+    use rebound_sidecar::server::MAX_CONNECTIONS;
+    let store = common::store();
+    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    let server = common::start(store, common::fixed_clock(0)).await;
+    let mut idle = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        idle.push(
+            tokio::net::TcpStream::connect(server.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let addr = server.addr;
+    common::eventually(
+        "a connection past the cap to be closed",
+        std::time::Duration::from_secs(10),
+        || async move {
+            use tokio::io::AsyncReadExt;
+            let Ok(mut extra) = tokio::net::TcpStream::connect(addr).await else {
+                return false;
+            };
+            let mut buf = [0u8; 64];
+            // Closed at once: EOF (or a reset) instead of the server's HTTP/2 SETTINGS.
+            matches!(
+                tokio::time::timeout(std::time::Duration::from_secs(2), extra.read(&mut buf)).await,
+                Ok(Ok(0) | Err(_))
+            )
+        },
+    )
+    .await;
+    drop(idle);
+    common::eventually(
+        "answers once the idle connections are gone",
+        std::time::Duration::from_secs(10),
+        || async move {
+            let Ok(channel) = rebound_sidecar::client::tcp_channel(addr).await else {
+                return false;
+            };
+            pb::retry_advisor_client::RetryAdvisorClient::new(channel)
+                .decide(req("q0", 1))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    server.stop().await;
+}

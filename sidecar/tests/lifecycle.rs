@@ -146,6 +146,13 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
         .into_inner();
     assert_eq!(over_tcp.decision(), pb::Decision::GiveUp);
     assert_eq!(over_tcp.dead_letter_queue, "webhooks-dead");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "socket mode {mode:o}");
     let mut uds = RetryAdvisorClient::new(client::uds_channel(socket.clone()).await.expect("uds"));
     let over_uds = uds.decide(ask).await.expect("uds decide").into_inner();
     assert_eq!(over_uds, over_tcp);
@@ -183,6 +190,27 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
 }
 
 #[tokio::test]
+async fn the_socket_mode_is_configurable() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let socket = tmp.path().join("rebound.sock");
+    let listen = rebound_sidecar::server::ListenConfig {
+        uds: Some(socket.clone()),
+        uds_mode: 0o600,
+        ..Default::default()
+    };
+    let _listeners = rebound_sidecar::server::Listeners::bind(&listen)
+        .await
+        .expect("bind");
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+}
+
+#[tokio::test]
 async fn the_binary_refuses_non_loopback_without_the_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_rebound-sidecar"))
         .args([
@@ -197,4 +225,64 @@ async fn the_binary_refuses_non_loopback_without_the_flag() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a loopback address"), "{stderr}");
+}
+
+/// The content type of the answer to `GET /metrics` on an admin port bound to every address (as on the
+/// Pod IP), with or without the opt-in; health answers either way.
+async fn metrics_status_beyond_loopback(opt_in: bool) -> (String, i32) {
+    use rebound_sidecar::server::{ListenConfig, Listeners};
+    let listen = ListenConfig {
+        admin: Some(([0, 0, 0, 0], 0).into()),
+        tcp: Some(([127, 0, 0, 1], 0).into()),
+        allow_non_loopback: true,
+        metrics_beyond_loopback: opt_in,
+        ..ListenConfig::default()
+    };
+    let listeners = Listeners::bind(&listen).await.expect("bind");
+    let admin = listeners.admin_addr().expect("admin");
+    let admin: SocketAddr = ([127, 0, 0, 1], admin.port()).into();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(rebound_sidecar::server::serve(
+        common::store(),
+        common::fixed_clock(0),
+        listeners,
+        async {
+            let _ = stopped.await;
+        },
+        Duration::from_secs(5),
+    ));
+    let response = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+        .await
+        .expect("get");
+    // Without the route the gRPC router answers (HTTP 200, `application/grpc`,
+    // grpc-status UNIMPLEMENTED); the metrics route answers Prometheus text.
+    let head = response.split("\r\n\r\n").next().unwrap_or_default();
+    let status = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let mut health = HealthClient::new(client::tcp_channel(admin).await.expect("health"));
+    let serving = health_status(&mut health, "").await;
+    let _ = stop.send(());
+    task.await.expect("task").expect("stopped");
+    (status, serving)
+}
+
+#[tokio::test]
+async fn an_admin_port_beyond_loopback_serves_only_health_unless_metrics_are_opted_in() {
+    assert_eq!(
+        metrics_status_beyond_loopback(false).await,
+        ("application/grpc".to_owned(), NOT_SERVING)
+    );
+    assert_eq!(
+        metrics_status_beyond_loopback(true).await,
+        (
+            "text/plain; version=0.0.4; charset=utf-8".to_owned(),
+            NOT_SERVING
+        )
+    );
 }

@@ -1,45 +1,7 @@
-//! The compiled-document parser, as the sidecar uses it on a mounted or watched ConfigMap:
-//! any bytes either fail with an error or give a document that indexes, answers and
-//! re-reads to the same hash. Mutated input almost never keeps a valid content hash, so
-//! structurally valid input is also re-stamped with its hash and run through the full
-//! checks, which reaches the per-policy invariants and `decide` on whatever passes them.
+//! See `targets/compiled_document.rs`.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use rebound_policy::CompiledDocument;
-use rebound_sidecar::{answer, config, pb::v1 as pb};
+#[path = "../targets/compiled_document.rs"]
+mod target;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(doc) = config::parse_compiled(data, "fuzz") {
-        exercise(&doc);
-    }
-    if let Ok(raw) = serde_json::from_slice::<CompiledDocument>(data) {
-        let stamped = CompiledDocument::new(raw.namespace, raw.policies).to_json();
-        if let Ok(doc) = config::parse_compiled(stamped.as_bytes(), "fuzz") {
-            exercise(&doc);
-        }
-    }
-});
-
-fn exercise(doc: &CompiledDocument) {
-    let again = CompiledDocument::from_json(doc.to_json().as_bytes())
-        .expect("a document that passed the checks re-reads");
-    assert_eq!(again.hash, doc.hash);
-    let loaded = config::Loaded::new(doc, "fuzz".to_owned(), 1);
-    for policy in &doc.policies {
-        for queue in &policy.queues {
-            for attempt in [1, 2, policy.params.max_attempts, u32::MAX] {
-                let req = pb::DecideRequest {
-                    queue: queue.replace('*', "x"),
-                    attempt,
-                    job_id: "job".to_owned(),
-                    ..Default::default()
-                };
-                if let Ok((response, _)) = answer::decide_one(&loaded, &req, 0) {
-                    let entry = loaded.table.lookup(&req.queue).expect("answered, so governed");
-                    assert!(response.delay_ms <= entry.policy.params().cap_ms);
-                }
-            }
-        }
-    }
-}
+libfuzzer_sys::fuzz_target!(|data: &[u8]| target::run(data));

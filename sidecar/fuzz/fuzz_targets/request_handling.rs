@@ -1,63 +1,7 @@
-//! Request handling: arbitrary bytes decoded as any of the three request messages, then
-//! answered from a fixed generated table exactly as the gRPC service does. Nothing panics,
-//! errors are only INVALID_ARGUMENT or NOT_FOUND, a batch answers every item in order, and
-//! a delay never exceeds the answering policy's cap.
+//! See `targets/request_handling.rs`.
 #![no_main]
 
-use std::sync::OnceLock;
+#[path = "../targets/request_handling.rs"]
+mod target;
 
-use libfuzzer_sys::fuzz_target;
-use prost::Message;
-use rebound_sidecar::{answer, config::Loaded, pb::v1 as pb, testkit};
-
-fn table() -> &'static Loaded {
-    static TABLE: OnceLock<Loaded> = OnceLock::new();
-    TABLE.get_or_init(|| Loaded::new(&testkit::document("fuzz", 40, 0), "fuzz".to_owned(), 1))
-}
-
-fn check(cfg: &Loaded, req: &pb::DecideRequest, result: &Result<pb::DecideResponse, answer::RequestError>) {
-    match result {
-        Ok(r) => {
-            let entry = cfg.table.lookup(&req.queue).expect("answered, so governed");
-            assert!(r.delay_ms <= entry.policy.params().cap_ms);
-            assert_ne!(r.decision, pb::Decision::Unspecified as i32);
-        }
-        Err(e) => assert!(matches!(
-            e.code(),
-            tonic::Code::InvalidArgument | tonic::Code::NotFound
-        )),
-    }
-}
-
-fuzz_target!(|data: &[u8]| {
-    let Some((&selector, rest)) = data.split_first() else {
-        return;
-    };
-    let cfg = table();
-    let now = 1_800_000_000_000;
-    match selector % 3 {
-        0 => {
-            if let Ok(req) = pb::DecideRequest::decode(rest) {
-                let result = answer::decide_one(cfg, &req, now).map(|(r, _)| r);
-                check(cfg, &req, &result);
-            }
-        }
-        1 => {
-            if let Ok(batch) = pb::DecideBatchRequest::decode(rest)
-                && let Ok(response) = answer::decide_batch(cfg, &batch, now, |_| ())
-            {
-                assert_eq!(response.results.len(), batch.requests.len());
-                for (req, item) in batch.requests.iter().zip(&response.results) {
-                    if let Some(pb::decide_result::Result::Decision(r)) = &item.result {
-                        check(cfg, req, &Ok(r.clone()));
-                    }
-                }
-            }
-        }
-        _ => {
-            if let Ok(req) = pb::GetPolicyRequest::decode(rest) {
-                let _ = answer::get_policy(cfg, &req);
-            }
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| target::run(data));

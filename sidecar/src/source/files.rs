@@ -6,6 +6,11 @@
 //! symlink through `..data`. Watching the directory (not the file, whose inode changes)
 //! catches that rename. A slow poll backs the notifications up: it re-arms the watch after
 //! the directory disappears and catches anything inotify missed (overflow, odd volumes).
+//!
+//! At rest nothing is read: the loader's own `open` of a file shows up as an access
+//! notification, which is ignored (reacting to it re-read the file forever), and the poll
+//! compares the files' metadata (device, inode, size, change times; symlinks followed),
+//! reading only when that changed.
 
 use std::{
     collections::hash_map::DefaultHasher,
@@ -16,7 +21,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use notify::{EventKind, RecursiveMode, Watcher};
+use notify::{
+    EventKind, RecursiveMode, Watcher,
+    event::{AccessKind, AccessMode},
+};
 use rebound_policy::CompiledDocument;
 
 use crate::config::{self, LoadError, Store};
@@ -25,6 +33,8 @@ use crate::config::{self, LoadError, Store};
 const DEBOUNCE: Duration = Duration::from_millis(10);
 /// A burst never delays a reload by more than this.
 const MAX_DEBOUNCE_ROUNDS: u32 = 20;
+/// How long shutdown waits for the loader thread before leaving it behind.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// What the files hold.
 #[derive(Clone, Debug)]
@@ -86,9 +96,11 @@ impl FileSource {
         let watcher = notify::recommended_watcher(move |event| {
             let _ = events.send(Msg::Fs(event));
         })?;
+        let (done_tx, done) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("rebound-config".to_owned())
             .spawn(move || {
+                let _done = done_tx;
                 Loop {
                     loader: Loader::new(self.kind, store),
                     watch_dirs: self.watch_dirs,
@@ -100,6 +112,7 @@ impl FileSource {
             })?;
         Ok(SourceHandle {
             stop: tx,
+            done,
             thread: Some(thread),
         })
     }
@@ -117,18 +130,29 @@ enum Msg {
     Stop,
 }
 
-/// Stops the watching thread when dropped.
+/// Stops the watching thread when dropped. Waits at most [`STOP_WAIT`] for it: a loader
+/// stuck in the kernel (a hung network volume) must not hold up the process's exit.
 #[derive(Debug)]
 pub struct SourceHandle {
     stop: mpsc::Sender<Msg>,
+    /// Disconnects when the thread ends.
+    done: mpsc::Receiver<()>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for SourceHandle {
     fn drop(&mut self) {
         let _ = self.stop.send(Msg::Stop);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        match self.done.recv_timeout(STOP_WAIT) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(wait = ?STOP_WAIT, "configuration thread did not stop; leaving it");
+            }
+            _ => {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -149,10 +173,14 @@ impl Loop {
             match rx.recv_timeout(self.poll) {
                 Ok(Msg::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Ok(Msg::Fs(event)) => {
-                    self.note(&event);
+                    if !self.note(&event) {
+                        continue;
+                    }
                     for _ in 0..MAX_DEBOUNCE_ROUNDS {
                         match rx.recv_timeout(DEBOUNCE) {
-                            Ok(Msg::Fs(event)) => self.note(&event),
+                            Ok(Msg::Fs(event)) => {
+                                self.note(&event);
+                            }
                             Ok(Msg::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                             Err(mpsc::RecvTimeoutError::Timeout) => break,
                         }
@@ -163,7 +191,9 @@ impl Loop {
                     if !self.armed {
                         self.arm();
                     }
-                    self.reload();
+                    if self.loader.changed_on_disk() {
+                        self.reload();
+                    }
                 }
             }
         }
@@ -175,8 +205,10 @@ impl Loop {
         }
     }
 
-    /// Notices a watched directory going away: its watch is gone and must be re-armed.
-    fn note(&mut self, event: &notify::Result<notify::Event>) {
+    /// Whether an event may mean new content; notices a watched directory going away (its
+    /// watch is gone and must be re-armed). Opening or reading a file, which the loader
+    /// itself does, changes nothing.
+    fn note(&mut self, event: &notify::Result<notify::Event>) -> bool {
         match event {
             Ok(event) => {
                 let gone = matches!(event.kind, EventKind::Remove(_))
@@ -185,8 +217,17 @@ impl Loop {
                     tracing::warn!(paths = ?event.paths, "watched directory removed");
                     self.armed = false;
                 }
+                match event.kind {
+                    EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+                    EventKind::Access(_) => false,
+                    _ => true,
+                }
             }
-            Err(error) => tracing::debug!(%error, "file notification error"),
+            Err(error) => {
+                // An overflow or backend error: something may have been missed.
+                tracing::debug!(%error, "file notification error");
+                true
+            }
         }
     }
 
@@ -209,7 +250,34 @@ struct Loader {
     origin: String,
     store: Arc<Store>,
     last_input: Option<u64>,
+    /// The files' metadata when they were last read; the poll reads only when it changes.
+    last_stat: Option<Vec<Option<FileStamp>>>,
     last_error: Option<String>,
+}
+
+/// What identifies one version of a file without reading it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    /// Follows symlinks, so kubelet's `..data` swap changes the stamp.
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 impl Loader {
@@ -227,13 +295,32 @@ impl Loader {
             origin,
             store,
             last_input: None,
+            last_stat: None,
             last_error: None,
         }
+    }
+
+    fn paths(&self) -> &[PathBuf] {
+        match &self.kind {
+            FileKind::Compiled { path } => std::slice::from_ref(path),
+            FileKind::Manifests { paths, .. } => paths.as_slice(),
+        }
+    }
+
+    fn stamps(&self) -> Vec<Option<FileStamp>> {
+        self.paths().iter().map(|p| FileStamp::of(p)).collect()
+    }
+
+    /// Whether the files' metadata differs from when they were last read (a `stat` per
+    /// file, no read).
+    fn changed_on_disk(&self) -> bool {
+        self.last_stat.as_ref() != Some(&self.stamps())
     }
 
     /// Returns whether new input was parsed (and so memory churned).
     fn reload(&mut self) -> bool {
         let started = Instant::now();
+        self.last_stat = Some(self.stamps());
         let inputs = match self.read() {
             Ok(inputs) => inputs,
             Err(e) => {
@@ -260,11 +347,8 @@ impl Loader {
     }
 
     fn read(&self) -> Result<Vec<(PathBuf, Vec<u8>)>, LoadError> {
-        let paths = match &self.kind {
-            FileKind::Compiled { path } => std::slice::from_ref(path),
-            FileKind::Manifests { paths, .. } => paths.as_slice(),
-        };
-        paths
+        self.store.metrics().read_input();
+        self.paths()
             .iter()
             .map(|p| Ok((p.clone(), config::read_bounded(p)?)))
             .collect()

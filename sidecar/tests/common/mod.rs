@@ -34,9 +34,8 @@ pub struct Running {
 pub async fn start(store: Arc<Store>, clock: Clock) -> Running {
     let listen = ListenConfig {
         tcp: Some(([127, 0, 0, 1], 0).into()),
-        uds: None,
         admin: Some(([127, 0, 0, 1], 0).into()),
-        allow_non_loopback: false,
+        ..ListenConfig::default()
     };
     let listeners = Listeners::bind(&listen).await.expect("bind loopback");
     let addr = listeners.tcp_addr().expect("tcp address");

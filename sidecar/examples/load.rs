@@ -1,11 +1,11 @@
-//! `rebound-sidecar-load`: the sidecar's load benchmark. Starts the real `rebound-sidecar`
+//! The sidecar's load benchmark (`cargo run --release -p rebound-sidecar --example load`). Starts the real `rebound-sidecar`
 //! binary on a generated table (10,000 policies by default) in a reproduced ConfigMap
 //! volume and prints, from one run: start-up time to SERVING; idle RSS; Decide against the
 //! health Check baseline over TCP loopback and the Unix socket, sequential and concurrent
 //! (p50/p99, throughput, ratio); RSS under load; reload time for the whole table, with the
 //! latency of calls made during the reload. A program that prints figures, not a test.
 //!
-//! cargo build --release -p rebound-sidecar --bins && target/release/rebound-sidecar-load
+//! cargo build --release -p rebound-sidecar --bins --example load && target/release/examples/load
 
 use std::{
     net::{SocketAddr, TcpListener},
@@ -30,7 +30,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 #[derive(Debug, Parser)]
-#[command(name = "rebound-sidecar-load")]
+#[command(name = "load")]
 struct Args {
     /// Policies in the generated table.
     #[arg(long, default_value_t = 10_000)]
@@ -47,6 +47,10 @@ struct Args {
     /// The sidecar binary; by default the one next to this program.
     #[arg(long)]
     sidecar: Option<PathBuf>,
+    /// Only measure the worst valid configuration (50 policies × 64 queue and 64 error
+    /// patterns `*aaa…b<i>.<j>`) against exact-name lookups, and exit.
+    #[arg(long)]
+    worst_case: bool,
     /// Extra arguments for the sidecar (e.g. --worker-threads=2).
     #[arg(long, allow_hyphen_values = true)]
     sidecar_arg: Vec<String>,
@@ -123,11 +127,16 @@ async fn serving(channel: Channel) -> bool {
 async fn run(args: Args) -> Result<()> {
     let sidecar_bin = match args.sidecar.clone() {
         Some(p) => p,
+        // Examples are built into target/<profile>/examples, the binary one level up.
         None => std::env::current_exe()?
             .parent()
+            .and_then(|examples| examples.parent())
             .context("no parent directory")?
             .join("rebound-sidecar"),
     };
+    if args.worst_case {
+        return worst_case(&sidecar_bin, args.calls).await;
+    }
     let dir = std::env::temp_dir().join(format!("rebound-load-{}", std::process::id()));
     let mount = dir.join("policies");
     let socket = dir.join("rebound.sock");
@@ -300,6 +309,125 @@ async fn run(args: Args) -> Result<()> {
     drop(sidecar);
     small_idle(&sidecar_bin).await?;
     breakdown(&bytes_a);
+    Ok(())
+}
+
+/// The worst valid configuration the CRD allows for glob matching: 50 policies, each with
+/// 64 queue patterns and 64 non-retryable error patterns `*` + 125 × `a` + `b<i>.<j>`,
+/// with the 64th queue an exact name, for the ordinary case on the same table.
+fn worst_document() -> rebound_policy::CompiledDocument {
+    let filler = "a".repeat(125);
+    let sources = (0..50)
+        .map(|i| {
+            let mut spec = testkit::spec(0);
+            spec.queues = (0..63).map(|j| format!("*{filler}b{i}.{j}")).collect();
+            spec.queues.push(format!("exact-{i}"));
+            spec.non_retryable_errors = (0..64).map(|j| format!("*{filler}b{i}.{j}")).collect();
+            rebound_policy::PolicySource {
+                name: format!("worst-{i}"),
+                namespace: "bench".to_owned(),
+                uid: String::new(),
+                generation: 1,
+                created: Some(i),
+                spec,
+            }
+        })
+        .collect();
+    rebound_policy::compile("bench", sources).document
+}
+
+/// Sidecar CPU per decision on the worst configuration: a 253-byte queue that only the last
+/// pattern matches and a 253-byte error class (`a` × 253) that every error pattern almost
+/// matches, unary and in 256-item batches, next to
+/// exact-name lookups on the same table and the health Check baseline.
+async fn worst_case(sidecar_bin: &std::path::Path, calls: usize) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("rebound-load-worst-{}", std::process::id()));
+    let writer = AtomicWriter::new(dir.join("policies"));
+    let doc = worst_document();
+    let bytes = doc.to_json();
+    writer.write(&[("policies.json", bytes.as_bytes())])?;
+    println!(
+        "worst case: {} policies, document {:.0} KB",
+        doc.policies.len(),
+        bytes.len() as f64 / 1000.0
+    );
+    let grpc = free_port()?;
+    let child = Command::new(sidecar_bin)
+        .arg("--policies-dir")
+        .arg(writer.dir())
+        .args(["--listen", &grpc.to_string(), "--no-admin"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let _sidecar = Sidecar { child, dir };
+    let started = Instant::now();
+    loop {
+        if let Ok(channel) = client::tcp_channel(grpc).await
+            && serving(channel).await
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("the worst-case sidecar did not report SERVING within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let channel = client::tcp_channel(grpc).await?;
+    let long = "a".repeat(253);
+    let question = |queue: String, error_class: String| pb::DecideRequest {
+        queue,
+        attempt: 2,
+        job_id: "job-1".to_owned(),
+        error_class,
+        ..Default::default()
+    };
+    let exact = Arc::new(
+        (0..50)
+            .map(|i| question(format!("exact-{i}"), "Timeout".to_owned()))
+            .collect::<Vec<_>>(),
+    );
+    // Matched only by the last policy's last pattern, after almost matching every other.
+    let worst_queue = format!("{}b49.62", "a".repeat(247));
+    let worst = Arc::new(vec![question(worst_queue.clone(), long.clone())]);
+    println!();
+    println!("| configuration | call | sidecar CPU µs/decision | p50 µs |");
+    println!("|---|---|---:|---:|");
+    for (name, call, requests) in [
+        ("worst, exact queue", Call::Check, &exact),
+        ("worst, exact queue", Call::Decide, &exact),
+        ("worst, 253-byte queue and error", Call::Decide, &worst),
+    ] {
+        series(&channel, call, requests, (calls / 10).max(1), 1).await?;
+        let cpu = server_cpu_ns(pid);
+        let mut stats = series(&channel, call, requests, calls, 1).await?;
+        stats.server_ns = server_cpu_ns(pid) - cpu;
+        let label = match call {
+            Call::Check => "Check (baseline)",
+            Call::Decide => "Decide",
+        };
+        println!(
+            "| {name} | {label} | {:.1} | {:.1} |",
+            stats.server_us_per_call(),
+            stats.percentile(0.5)
+        );
+    }
+    let mut advisor = RetryAdvisorClient::new(channel);
+    let batch = pb::DecideBatchRequest {
+        requests: vec![question(worst_queue, long); 256],
+    };
+    let rounds = (calls / 256).max(1);
+    let cpu = server_cpu_ns(pid);
+    let t = Instant::now();
+    for _ in 0..rounds {
+        advisor.decide_batch(batch.clone()).await?;
+    }
+    let wall = t.elapsed();
+    let per_decision = (server_cpu_ns(pid) - cpu) as f64 / 1e3 / (rounds * 256) as f64;
+    println!(
+        "| worst, 253-byte queue and error, 256-item DecideBatch | DecideBatch | {per_decision:.1} | {:.1} per batch |",
+        wall.as_secs_f64() * 1e6 / rounds as f64
+    );
     Ok(())
 }
 

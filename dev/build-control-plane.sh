@@ -114,7 +114,11 @@ log "a cold build takes several minutes on 2 cores"
 start=$SECONDS
 tmp_bin="$(mktemp -d "$version_dir/bin.tmp.XXXXXX")"
 chmod 755 "$tmp_bin"
-trap 'rm -rf "$tmp_bin"' EXIT
+# The Kubernetes build leaves ~3.5 GiB of compiler cache that nothing reuses once the
+# binaries are cached: keep it in a directory removed with the build.
+go_cache="$(mktemp -d "$version_dir/gocache.tmp.XXXXXX")"
+export GOCACHE="$go_cache"
+trap 'rm -rf "$tmp_bin" "$go_cache"' EXIT
 
 build_flags=(-p "$jobs" -trimpath -tags "$tags")
 
@@ -134,6 +138,7 @@ got="$("$tmp_bin/kube-apiserver" --version 2>&1 || true)"
 
 rm -rf "$bin_dir"
 mv "$tmp_bin" "$bin_dir"
+rm -rf "$go_cache"
 trap - EXIT
 echo "$stamp" >"$version_dir/stamp"
 log "built in $((SECONDS - start))s: $(cd "$bin_dir" && du -sh -- "${binaries[@]}" | tr '\t\n' ' ')"

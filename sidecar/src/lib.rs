@@ -4,6 +4,7 @@
 //!
 //! Layout, from the wire inwards:
 //! - [`server`] binds the listeners and serves the advisor, health, reflection and metrics;
+//! - [`budget`] bounds the request bytes all of a server's calls hold at once;
 //! - [`service`] is the thin tonic adapter around [`answer`];
 //! - [`answer`] turns requests into `decide` calls and answers: pure, fuzzed, no I/O;
 //! - [`config`] holds the current configuration and swaps it atomically;
@@ -13,6 +14,7 @@
 //!   targets) generates policy tables and reproduces kubelet's volume updates.
 
 pub mod answer;
+pub mod budget;
 pub mod client;
 pub mod config;
 pub mod metrics;

@@ -1,5 +1,8 @@
-//! Generated policy tables and a reproduction of kubelet's ConfigMap volume updates, shared
-//! by the integration tests and the load benchmark so both exercise the same inputs.
+//! Generated policy tables, a reproduction of kubelet's ConfigMap volume updates, and a
+//! raw HTTP/2 client that leaves calls half-sent, shared by the integration tests and the
+//! benchmarks so both exercise the same inputs.
+
+pub mod flood;
 
 use std::{
     io,

@@ -10,7 +10,7 @@
 use std::{
     net::{SocketAddr, TcpListener},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -24,7 +24,10 @@ use rebound_policy::decide::mix64;
 use rebound_sidecar::{
     client,
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
-    testkit::{self, AtomicWriter},
+    testkit::{
+        self, AtomicWriter,
+        process::{Spawned, main_thread_cpu_ns, mib, rss_detail, rss_kib},
+    },
 };
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -64,57 +67,8 @@ fn main() -> Result<()> {
         .block_on(run(args))
 }
 
-struct Sidecar {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn free_port() -> Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmRSS:")
-}
-
-/// Total RSS with its anonymous (heap, stacks) and file-backed (the binary's code and
-/// libc, shared and evictable) parts.
-fn rss_detail(pid: u32) -> String {
-    format!(
-        "{} (anonymous {}, file-backed {})",
-        mib(status_kib(pid, "VmRSS:")),
-        mib(status_kib(pid, "RssAnon:")),
-        mib(status_kib(pid, "RssFile:"))
-    )
-}
-
-/// CPU time the sidecar's runtime thread has used, in ns (it serves every call).
-fn server_cpu_ns(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
 async fn serving(channel: Channel) -> bool {
@@ -171,7 +125,7 @@ async fn run(args: Args) -> Result<()> {
         .spawn()
         .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
     let pid = child.id();
-    let sidecar = Sidecar { child, dir };
+    let sidecar = Spawned { child, dir };
     let startup = loop {
         if let Ok(channel) = client::tcp_channel(grpc).await
             && serving(channel).await
@@ -224,7 +178,7 @@ async fn run(args: Args) -> Result<()> {
             series(&channel, Call::Decide, &requests, 2_000, concurrency).await?;
             let (mut check, mut decide) = (Stats::default(), Stats::default());
             for _ in 0..5 {
-                let cpu = server_cpu_ns(pid);
+                let cpu = main_thread_cpu_ns(pid);
                 check.add(
                     series(
                         &channel,
@@ -235,8 +189,8 @@ async fn run(args: Args) -> Result<()> {
                     )
                     .await?,
                 );
-                check.server_ns += server_cpu_ns(pid) - cpu;
-                let cpu = server_cpu_ns(pid);
+                check.server_ns += main_thread_cpu_ns(pid) - cpu;
+                let cpu = main_thread_cpu_ns(pid);
                 decide.add(
                     series(
                         &channel,
@@ -247,7 +201,7 @@ async fn run(args: Args) -> Result<()> {
                     )
                     .await?,
                 );
-                decide.server_ns += server_cpu_ns(pid) - cpu;
+                decide.server_ns += main_thread_cpu_ns(pid) - cpu;
             }
             for (name, s) in [("Check (baseline)", &mut check), ("Decide", &mut decide)] {
                 println!(
@@ -360,7 +314,7 @@ async fn worst_case(sidecar_bin: &std::path::Path, calls: usize) -> Result<()> {
         .stdin(Stdio::null())
         .spawn()?;
     let pid = child.id();
-    let _sidecar = Sidecar { child, dir };
+    let _sidecar = Spawned { child, dir };
     let started = Instant::now();
     loop {
         if let Ok(channel) = client::tcp_channel(grpc).await
@@ -399,9 +353,9 @@ async fn worst_case(sidecar_bin: &std::path::Path, calls: usize) -> Result<()> {
         ("worst, 253-byte queue and error", Call::Decide, &worst),
     ] {
         series(&channel, call, requests, (calls / 10).max(1), 1).await?;
-        let cpu = server_cpu_ns(pid);
+        let cpu = main_thread_cpu_ns(pid);
         let mut stats = series(&channel, call, requests, calls, 1).await?;
-        stats.server_ns = server_cpu_ns(pid) - cpu;
+        stats.server_ns = main_thread_cpu_ns(pid) - cpu;
         let label = match call {
             Call::Check => "Check (baseline)",
             Call::Decide => "Decide",
@@ -417,13 +371,13 @@ async fn worst_case(sidecar_bin: &std::path::Path, calls: usize) -> Result<()> {
         requests: vec![question(worst_queue, long); 256],
     };
     let rounds = (calls / 256).max(1);
-    let cpu = server_cpu_ns(pid);
+    let cpu = main_thread_cpu_ns(pid);
     let t = Instant::now();
     for _ in 0..rounds {
         advisor.decide_batch(batch.clone()).await?;
     }
     let wall = t.elapsed();
-    let per_decision = (server_cpu_ns(pid) - cpu) as f64 / 1e3 / (rounds * 256) as f64;
+    let per_decision = (main_thread_cpu_ns(pid) - cpu) as f64 / 1e3 / (rounds * 256) as f64;
     println!(
         "| worst, 253-byte queue and error, 256-item DecideBatch | DecideBatch | {per_decision:.1} | {:.1} per batch |",
         wall.as_secs_f64() * 1e6 / rounds as f64
@@ -544,7 +498,7 @@ async fn small_idle(sidecar_bin: &std::path::Path) -> Result<()> {
         .stdin(Stdio::null())
         .spawn()?;
     let pid = child.id();
-    let _sidecar = Sidecar { child, dir };
+    let _sidecar = Spawned { child, dir };
     loop {
         if let Ok(channel) = client::tcp_channel(grpc).await
             && serving(channel).await

@@ -45,9 +45,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// within [`KEEPALIVE_TIMEOUT`].
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// HTTP/2 flow-control windows: how much a client may send ahead of the server reading.
+/// HTTP/2 flow-control windows: how much a client may send ahead of the server reading
+/// (the connection window is what h2 may buffer per connection: 64 × 128 KiB at the cap).
 const STREAM_WINDOW: u32 = 64 * 1024;
-const CONNECTION_WINDOW: u32 = 256 * 1024;
+const CONNECTION_WINDOW: u32 = 128 * 1024;
 /// Connections served at once on each gRPC listener (a worker needs one or a few); further
 /// ones are closed as they are accepted.
 pub const MAX_CONNECTIONS: usize = 64;

@@ -3,6 +3,7 @@
 //! benchmarks so both exercise the same inputs.
 
 pub mod flood;
+pub mod process;
 
 use std::{
     io,

@@ -2,11 +2,13 @@
 //!
 //! The one source of truth for retry decisions: the `RetryPolicy` API types ([`spec`]),
 //! their validation and defaults ([`resolve`]), the decision function ([`decide()`]), the
-//! compiled per-namespace document ([`compiled`]) and schedule statistics ([`simulate()`]).
+//! compiled per-namespace document ([`compiled`]), schedule statistics ([`simulate()`]) and
+//! the contention model of many clients retrying against one resource ([`contention`]).
 //! Pure: no I/O, no async runtime, no Kubernetes client. The operator, the sidecar and the
 //! CLI only move data in and out of this crate.
 
 pub mod compiled;
+pub mod contention;
 pub mod decide;
 pub mod duration;
 pub mod manifest;

@@ -369,9 +369,26 @@ class Stack {
   }
 }
 
+/** The events a worker emitted, in order, with look-ups the tests share. */
+class Events {
+  constructor() {
+    this.list = [];
+    this.push = (e) => this.list.push(e);
+  }
+
+  of(ev, jobId) {
+    return this.list.filter((e) => e.ev === ev && (jobId === undefined || e.jobId === jobId));
+  }
+
+  /** Waits until `pred(events)` is truthy; returns its value. */
+  until(what, pred, opts) {
+    return waitFor(what, () => pred(this), opts);
+  }
+}
+
 /** A RetryPolicy manifest from a spec object (JSON is YAML). */
 function retryPolicy(name, spec) {
   return JSON.stringify({ apiVersion: 'rebound.dev/v1alpha1', kind: 'RetryPolicy', metadata: { name }, spec });
 }
 
-module.exports = { Stack, Proc, REPO, retryPolicy, waitFor, sleep, freePort, parseMetrics, httpGet, run };
+module.exports = { Stack, Proc, Events, REPO, retryPolicy, waitFor, sleep, freePort, parseMetrics, httpGet, run };

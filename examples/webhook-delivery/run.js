@@ -103,7 +103,8 @@ function describe(report, { show = 8 } = {}) {
   const pick = [
     ...interesting.filter((s) => (requests.get(s.key) || []).some((r) => r.outcome === 'accepted-then-hung')).slice(0, 2),
     ...interesting.filter((s) => (requests.get(s.key) || []).some((r) => r.outcome === 'too-many')).slice(0, 2),
-    ...report.sent.filter((s) => report.deadLetters.some((d) => d.key === s.key)).slice(0, 3),
+    // One dead letter per reason (a removed endpoint, an exhausted one).
+    ...[...new Map(report.deadLetters.map((d) => [d.reason, d.key])).values()].map((k) => report.sent.find((s) => s.key === k)),
     ...interesting.slice(0, show),
   ];
   const shown = [...new Map(pick.map((s) => [s.key, s])).values()].slice(0, show);

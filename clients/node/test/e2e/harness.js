@@ -340,14 +340,16 @@ class Stack {
   /**
    * `kubectl apply` of RetryPolicy YAML. With `wait` (default) returns once the operator has
    * compiled every applied generation into the ConfigMap and the sidecar (if running) answers
-   * from that document. Returns {hash, generations: {name: generation}, appliedAt}.
+   * from that document. Returns {hash, generations: {name: generation}, startedAt, appliedAt}
+   * (Date.now() when kubectl started and when it returned).
    */
   async applyPolicy(yaml, { wait = true } = {}) {
+    const startedAt = Date.now();
     const out = JSON.parse(this.kubectl(['-n', this.namespace, 'apply', '-o', 'json', '-f', '-'], { input: yaml }));
     const appliedAt = Date.now();
     const items = out.kind === 'List' ? out.items : [out];
     const generations = Object.fromEntries(items.map((o) => [o.metadata.name, o.metadata.generation]));
-    if (!wait) return { hash: null, generations, appliedAt };
+    if (!wait) return { hash: null, generations, startedAt, appliedAt };
     const doc = await waitFor('the operator to compile the applied policies', () => {
       const d = this.configMapDocument();
       return d && Object.entries(generations).every(([n, g]) => d.policies.some((p) => p.name === n && p.generation === g)) && d;
@@ -355,7 +357,7 @@ class Stack {
     if (this.sidecarProc?.alive()) {
       await waitFor(`the sidecar to load ${doc.hash}`, async () => (await this.sidecarConfigHash()) === doc.hash);
     }
-    return { hash: doc.hash, generations, appliedAt };
+    return { hash: doc.hash, generations, startedAt, appliedAt };
   }
 
   /** Stops the sidecar, the operator and Redis by PID; the namespace stays (no GC here). */

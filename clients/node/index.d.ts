@@ -56,6 +56,8 @@ export interface Answer {
   policy: PolicyRef;
   /** `sidecar`, or `fallback` when computed locally. */
   source: 'sidecar' | 'fallback';
+  /** Which policy answered: the sidecar's, the cached GetPolicy answer, or the default policy. */
+  policySource: 'sidecar' | 'cached' | 'default';
 }
 
 /** What the adapter knows about one failure; the input of `rebound.decide`. */

@@ -58,6 +58,8 @@ function createBullAdapter(rebound) {
             });
           },
           async drop() {
+            // Bounded: an entry whose 'failed' event never comes is forgotten eventually.
+            if (drops.size >= 10000) drops.delete(drops.values().next().value);
             drops.add(jobId);
             return true;
           },

@@ -39,7 +39,10 @@ function createBullMQAdapter(rebound) {
   const deadLetterQueues = new Map();
 
   function deadLetterQueue(job, name) {
-    const opts = (job.queue && job.queue.opts) || {};
+    if (!job || !job.queue || !job.queue.opts || !job.queue.opts.connection) {
+      throw new Error('the job carries no queue connection to reach the dead-letter queue');
+    }
+    const opts = job.queue.opts;
     const id = `${opts.prefix ?? 'bull'}\u0000${name}`;
     let q = deadLetterQueues.get(id);
     if (!q) {

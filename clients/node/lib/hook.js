@@ -8,6 +8,16 @@ const { LAST_RESORT_DELAY_MS, normaliseAttempt } = require('./rebound');
 const FIRST_FAILURE_FIELD = 'rebound:firstFailure';
 /** First-failure times remembered in memory, so later attempts in this process skip Redis. */
 const MEMORY_LIMIT = 10000;
+/** A Redis that does not answer in this long leaves the first failure unknown for this call. */
+const REDIS_TIMEOUT_MS = 2000;
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no answer in ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
 
 /**
  * The time of the job's first failure, kept in the job's own Redis hash.
@@ -66,7 +76,10 @@ async function runHook(rebound, spec) {
     const memKey = `${queue}\u0000${jobId}`;
     let ff;
     try {
-      ff = jobId === '' ? undefined : await firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now);
+      ff =
+        jobId === ''
+          ? undefined
+          : await withTimeout(firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now), REDIS_TIMEOUT_MS, 'first failure');
     } catch (e) {
       rebound.hookError(queue, jobId, 'firstFailure', e);
     }

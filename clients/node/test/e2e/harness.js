@@ -314,6 +314,11 @@ class Stack {
     return this.sidecarProc.stop(signal);
   }
 
+  /** Sends a signal without waiting (SIGSTOP freezes the sidecar: calls then time out). */
+  signalSidecar(signal) {
+    process.kill(this.sidecarProc.pid, signal);
+  }
+
   async sidecarMetrics() {
     return parseMetrics(await httpGet(this.sidecarAdminPort, '/metrics'));
   }

@@ -103,11 +103,36 @@ function createBullMQAdapter(rebound) {
     return { job, key: jobOpts.jobId };
   }
 
+  /**
+   * Puts a dead-lettered job back on its source queue with the same key. Safe to run again
+   * after a crash: the dead-letter job is removed last, and a source job that is live again
+   * (not failed) is left alone.
+   */
+  async function replay(deadLetterJob, queue, opts = {}) {
+    const d = deadLetterJob && deadLetterJob.data;
+    if (!d || d.format !== 'rebound.dev/dead-letter/v1') {
+      throw new TypeError('deadLetterJob: not a Rebound dead-letter job (data.format)');
+    }
+    if (queue.name !== d.sourceQueue) {
+      throw new TypeError(`queue: the job came from ${JSON.stringify(d.sourceQueue)}, not ${JSON.stringify(queue.name)}`);
+    }
+    let job = await queue.getJob(d.key);
+    const state = job ? await job.getState() : 'unknown';
+    if (state === 'failed' || state === 'completed') {
+      await job.remove();
+      job = undefined;
+    }
+    if (!job) job = (await add(queue, d.name, d.data, { ...opts, key: d.key })).job;
+    await deadLetterJob.remove();
+    return { job, key: d.key };
+  }
+
   return {
     backoffStrategy,
     settings: () => ({ backoffStrategy }),
     jobOptions,
     add,
+    replay,
   };
 }
 

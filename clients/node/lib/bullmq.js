@@ -8,6 +8,21 @@ const { runHook } = require('./hook');
 
 const BACKOFF_TYPE = 'rebound';
 
+/**
+ * The application's copy of a peer library: with `npm install <path>` this package is a
+ * symlink, and a plain require would resolve from the repository instead.
+ */
+function requireApp(name) {
+  const path = require('node:path');
+  const paths = [process.cwd()];
+  if (require.main && require.main.filename) paths.unshift(path.dirname(require.main.filename));
+  try {
+    return require(require.resolve(name, { paths }));
+  } catch {
+    return require(name);
+  }
+}
+
 /** `{ hget, hset }` on the job's Redis hash, or null when the backend is not Redis. */
 function jobHash(job) {
   const q = job && job.queue;
@@ -46,7 +61,7 @@ function createBullMQAdapter(rebound) {
     const id = `${opts.prefix ?? 'bull'}\u0000${name}`;
     let q = deadLetterQueues.get(id);
     if (!q) {
-      const { Queue } = require('bullmq');
+      const { Queue } = requireApp('bullmq');
       q = new Queue(name, { connection: opts.connection, prefix: opts.prefix });
       q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e));
       deadLetterQueues.set(id, q);

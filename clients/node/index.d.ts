@@ -199,6 +199,12 @@ export interface BullMQAdapter {
     data: T,
     opts?: EnqueueOptions,
   ): Promise<{ job: any; key: string }>;
+  /** Puts a dead-lettered job back on its source queue with the same key; removes the dead-letter job last. */
+  replay(
+    deadLetterJob: { data: DeadLetter; remove(): Promise<void> },
+    queue: { name: string; add(name: string, data: any, opts?: object): Promise<any>; getJob(id: string): Promise<any> },
+    opts?: Omit<EnqueueOptions, 'key'>,
+  ): Promise<{ job: any; key: string }>;
 }
 
 export type BullMQBackoffStrategy = (

@@ -8,6 +8,21 @@ const { runHook } = require('./hook');
 
 const BACKOFF_TYPE = 'rebound';
 
+/**
+ * The application's copy of a peer library: with `npm install <path>` this package is a
+ * symlink, and a plain require would resolve from the repository instead.
+ */
+function requireApp(name) {
+  const path = require('node:path');
+  const paths = [process.cwd()];
+  if (require.main && require.main.filename) paths.unshift(path.dirname(require.main.filename));
+  try {
+    return require(require.resolve(name, { paths }));
+  } catch {
+    return require(name);
+  }
+}
+
 /** `{ hget, hset }` on the job's Redis hash, or null when the backend is not Redis. */
 function jobHash(job) {
   const q = job && job.queue;
@@ -46,7 +61,7 @@ function createBullMQAdapter(rebound) {
     const id = `${opts.prefix ?? 'bull'}\u0000${name}`;
     let q = deadLetterQueues.get(id);
     if (!q) {
-      const { Queue } = require('bullmq');
+      const { Queue } = requireApp('bullmq');
       q = new Queue(name, { connection: opts.connection, prefix: opts.prefix });
       q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e));
       deadLetterQueues.set(id, q);
@@ -103,11 +118,36 @@ function createBullMQAdapter(rebound) {
     return { job, key: jobOpts.jobId };
   }
 
+  /**
+   * Puts a dead-lettered job back on its source queue with the same key. Safe to run again
+   * after a crash: the dead-letter job is removed last, and a source job that is live again
+   * (not failed) is left alone.
+   */
+  async function replay(deadLetterJob, queue, opts = {}) {
+    const d = deadLetterJob && deadLetterJob.data;
+    if (!d || d.format !== 'rebound.dev/dead-letter/v1') {
+      throw new TypeError('deadLetterJob: not a Rebound dead-letter job (data.format)');
+    }
+    if (queue.name !== d.sourceQueue) {
+      throw new TypeError(`queue: the job came from ${JSON.stringify(d.sourceQueue)}, not ${JSON.stringify(queue.name)}`);
+    }
+    let job = await queue.getJob(d.key);
+    const state = job ? await job.getState() : 'unknown';
+    if (state === 'failed' || state === 'completed') {
+      await job.remove();
+      job = undefined;
+    }
+    if (!job) job = (await add(queue, d.name, d.data, { ...opts, key: d.key })).job;
+    await deadLetterJob.remove();
+    return { job, key: d.key };
+  }
+
   return {
     backoffStrategy,
     settings: () => ({ backoffStrategy }),
     jobOptions,
     add,
+    replay,
   };
 }
 

@@ -22,6 +22,9 @@ async function main(): Promise<void> {
   const opts = await rebound.bullmq.jobOptions('webhooks');
   const attempts: number = opts.attempts + LIBRARY_ATTEMPTS;
   await queue.add('deliver', {}, opts);
+  const dlq = new Queue<DeadLetter>('webhooks-dead', { connection });
+  const dead = await dlq.getJob('webhooks/k-1');
+  if (dead) await rebound.bullmq.replay(dead, queue);
   const bull = rebound.bull.attach(new Bull('legacy'));
   await rebound.bull.add(bull, 'x', { a: 1 });
   const answer: Answer = await rebound.decide({ queue: 'webhooks', attempt: 2, jobId: key });

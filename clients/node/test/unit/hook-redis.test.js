@@ -99,6 +99,17 @@ test('BullMQ: attempts 1..4, one first-failure time, dead letter written once, f
     assert.equal(await rebound.bullmq.backoffStrategy(4, 'rebound', err, failed), -1);
     assert.equal(await dlq.count(), 1);
     assert.equal(rebound.metrics().deadLettered, 2); // counted per hook call; one job
+
+    // Replay: the same key back on the source queue, the dead-letter job gone; the worker
+    // runs it again (and the policy sends it to the dead-letter queue again).
+    await worker.pause();
+    const replayed = await rebound.bullmq.replay(dead, queue);
+    assert.equal(replayed.key, key);
+    assert.equal(replayed.job.id, key);
+    assert.deepEqual(replayed.job.data, { amount: 42 });
+    assert.equal(await queue.getJobState(key), 'waiting');
+    assert.equal(await dlq.count(), 0);
+    await assert.rejects(rebound.bullmq.replay({ data: { format: 'x' } }, queue), /^TypeError: deadLetterJob:/);
   } finally {
     await worker.close();
     await rebound.close();

@@ -108,3 +108,30 @@ test('options are checked and name the field', () => {
   assert.throws(() => createRebound({ errorClass: 'Code' }), /^TypeError: errorClass:/);
   assert.throws(() => createRebound({ defaultPolicy: { baseMs: 1 } }), /^TypeError: defaultPolicy\.capMs:/);
 });
+
+test('a Unix socket target: Decide and GetPolicy answered over it', async () => {
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const path = require('node:path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rebound-uds-'));
+  const ref = { name: 'p', namespace: 'ns', generation: '1', config_hash: 'sha256:u' };
+  const server = await startAdvisor(
+    {
+      decide: () => ({ decision: 'DECISION_RETRY', delay_ms: '1234', policy: ref }),
+      getPolicy: () => ({ policy: ref, resolved: { strategy: 'STRATEGY_CONSTANT', base_ms: 5, cap_ms: 5, jitter: 'JITTER_NONE', max_attempts: 3, terminal: 'DISPOSITION_DROP' } }),
+    },
+    { uds: path.join(dir, 'rebound.sock') },
+  );
+  const rebound = createRebound({ target: server.target, logger: false });
+  try {
+    assert.match(server.target, /^unix:\/\/\//);
+    const a = await rebound.decide({ queue: 'q', attempt: 1, jobId: 'j' });
+    assert.equal(a.source, 'sidecar');
+    assert.equal(a.delayMs, 1234);
+    assert.equal((await rebound.policy('q')).resolved.maxAttempts, 3);
+  } finally {
+    await rebound.close();
+    await server.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

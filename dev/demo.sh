@@ -2,7 +2,9 @@
 # The whole Rebound loop on this machine:
 #   a real kube-apiserver + etcd  →  RetryPolicy CRD  →  rebound-operator compiles the
 #   example policies into a ConfigMap  →  rebound-sidecar watches that ConfigMap  →
-#   a worker's questions answered over gRPC (asked with grpcurl, from reflection alone).
+#   a worker's questions answered over gRPC (asked with grpcurl, from reflection alone)  →
+#   a real BullMQ worker (examples/webhook-delivery) delivering webhooks to a flaky
+#   receiver, its retries decided by that sidecar, on a Redis of its own (dev/redis.sh).
 # Everything keeps running afterwards; `dev/demo.sh stop` ends it.
 #
 # Usage: dev/demo.sh [stop]
@@ -35,6 +37,7 @@ stop_pid_file() {
 if [[ "${1:-}" == "stop" ]]; then
   stop_pid_file "$state/sidecar.pid"
   stop_pid_file "$state/operator.pid"
+  dev/redis.sh down "$state/redis" 2>/dev/null || true
   [[ -d "$state" ]] && dev/cluster-down.sh "$state"
   echo "demo stopped"
   exit 0
@@ -103,12 +106,30 @@ ask "The 25th and last attempt of a webhook failed:" \
 ask "A queue no policy names falls to the namespace catch-all (*):" \
   '{"queue":"thumbnails","attempt":2,"job_id":"img-1"}'
 
+step "A BullMQ worker delivering webhooks, retried by the RetryPolicy (examples/webhook-delivery)"
+for dir in clients/node examples/webhook-delivery; do
+  [[ -d "$dir/node_modules" ]] || (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+done
+redis_url="$(dev/redis.sh up "$state/redis" | tail -n 1)"
+kubectl -n "$namespace" apply -f examples/webhook-delivery/policy.yaml
+kubectl -n "$namespace" wait --for=condition=Ready retrypolicy/webhook-delivery --timeout=60s >/dev/null
+for _ in $(seq 100); do
+  grpcurl -plaintext -d '{"queue":"webhook-delivery"}' "127.0.0.1:$port" rebound.v1.RetryAdvisor/GetPolicy 2>/dev/null |
+    grep -q '"name": "webhook-delivery"' && break
+  sleep 0.1
+done
+echo "Redis $redis_url; 40 events to a receiver that fails, times out after accepting, answers 429,"
+echo "or is gone; every attempt carries the event's idempotency key:"
+echo
+REDIS_URL="$redis_url" REBOUND_TARGET="127.0.0.1:$port" EVENTS=40 node examples/webhook-delivery/run.js
+
 cat <<MSG
 
 Everything is still running:
   export KUBECONFIG=$KUBECONFIG PATH=$bin_dir:$tools_dir:\$PATH
   kubectl -n $namespace get retrypolicies         # edit examples/policies/ and apply again
   grpcurl -plaintext 127.0.0.1:$port describe rebound.v1.RetryAdvisor
+  REDIS_URL=$redis_url REBOUND_TARGET=127.0.0.1:$port EVENTS=40 node examples/webhook-delivery/run.js
   logs: $state/logs/
 Stop it all with: dev/demo.sh stop
 MSG

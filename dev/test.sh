@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The full test suite, as CI runs it: builds (or reuses) the local control plane and the
 # test tools, starts one kube-apiserver + etcd for the whole run, runs every workspace
-# test against it, and stops it again.
+# test against it, then the Node package's unit and end-to-end tests and the
+# webhook-delivery example's test against the same cluster (each starts its own operator,
+# sidecar and Redis), and stops the cluster again.
 #
 # Usage: dev/test.sh [extra cargo test arguments]
 set -euo pipefail
@@ -20,3 +22,12 @@ dev/cluster-up.sh "$state" >/dev/null
 export REBOUND_CLUSTER_STATE_DIR="$state"
 
 cargo test --workspace --locked "$@"
+
+# Node: the lockfiles' packages (npm ci) when not installed yet; .ci/run installs them too.
+for dir in clients/node examples/webhook-delivery; do
+  [[ -d "$dir/node_modules" ]] || (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+done
+rm -rf .state/node-e2e # logs of the previous run's end-to-end stacks
+(cd clients/node && npm test)
+(cd clients/node && npm run test:e2e)
+(cd examples/webhook-delivery && npm test)

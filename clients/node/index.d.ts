@@ -1,0 +1,275 @@
+// Type definitions for @rebound-dev/node. The implementation is plain CommonJS (index.js,
+// lib/); this file is the public API and is kept by hand.
+
+import { EventEmitter } from 'node:events';
+
+/** `rebound.v1.ResolvedPolicy` in proto3 JSON names (as in policy/testdata/decide-vectors.json). */
+export interface ResolvedPolicy {
+  strategy:
+    | 'STRATEGY_EXPONENTIAL'
+    | 'STRATEGY_LINEAR'
+    | 'STRATEGY_CONSTANT'
+    | 'STRATEGY_DECORRELATED'
+    | 'STRATEGY_SCHEDULE';
+  baseMs: number;
+  multiplier: number;
+  capMs: number;
+  jitter: 'JITTER_NONE' | 'JITTER_FULL' | 'JITTER_EQUAL' | 'JITTER_PROPORTIONAL';
+  jitterRatio: number;
+  scheduleMs: number[];
+  maxAttempts: number;
+  /** 0 = no limit. */
+  maxRetryDurationMs: number;
+  nonRetryableErrors: string[];
+  terminal: 'DISPOSITION_DROP' | 'DISPOSITION_DEAD_LETTER';
+  deadLetterQueue: string;
+}
+
+export type DecisionName = 'DECISION_RETRY' | 'DECISION_GIVE_UP';
+export type DispositionName =
+  | 'DISPOSITION_UNSPECIFIED'
+  | 'DISPOSITION_DROP'
+  | 'DISPOSITION_DEAD_LETTER';
+export type GiveUpReasonName =
+  | 'GIVE_UP_REASON_UNSPECIFIED'
+  | 'GIVE_UP_REASON_MAX_ATTEMPTS'
+  | 'GIVE_UP_REASON_DEADLINE'
+  | 'GIVE_UP_REASON_NON_RETRYABLE';
+
+/** `rebound.v1.PolicyRef`. `generation` is a decimal string (int64). */
+export interface PolicyRef {
+  name: string;
+  namespace: string;
+  generation: string;
+  configHash: string;
+}
+
+/** One answer, from the sidecar or from the local fallback. */
+export interface Answer {
+  decision: DecisionName;
+  delayMs: number;
+  disposition: DispositionName;
+  deadLetterQueue: string;
+  reason: GiveUpReasonName;
+  reasonMessage: string;
+  /** Empty strings for the built-in default policy. */
+  policy: PolicyRef;
+  /** `sidecar`, or `fallback` when computed locally. */
+  source: 'sidecar' | 'fallback';
+  /** Which policy answered: the sidecar's, the cached GetPolicy answer, or the default policy. */
+  policySource: 'sidecar' | 'cached' | 'default';
+}
+
+/** What the adapter knows about one failure; the input of `rebound.decide`. */
+export interface Failure {
+  queue: string;
+  /** 1-based number of the run that just failed. */
+  attempt: number;
+  jobId?: string;
+  errorClass?: string;
+  firstFailureUnixMs?: number;
+  retryAfterMs?: number;
+}
+
+export interface Logger {
+  info(fields: Record<string, unknown>, msg: string): void;
+  warn(fields: Record<string, unknown>, msg: string): void;
+  error(fields: Record<string, unknown>, msg: string): void;
+}
+
+export interface ReboundOptions {
+  /** `unix:///path/to.sock` or `127.0.0.1:PORT`. Default: env REBOUND_TARGET, else `127.0.0.1:7411`. */
+  target?: string;
+  /** Deadline of one Decide / GetPolicy call, in ms. Default 250. */
+  deadlineMs?: number;
+  /** Maps a job's error to its error class. Default: `err.code` if a string, else `err.name`. */
+  errorClass?: (err: unknown) => string | undefined | null;
+  /** Maps a job's error to a pushback in ms. Default: `err.retryAfterMs`, else `err.retryAfter` (seconds or an HTTP date). */
+  retryAfterMs?: (err: unknown) => number | undefined | null;
+  /** How often cached policies are fetched again with GetPolicy, in ms. Default 30000. */
+  refreshIntervalMs?: number;
+  /** The policy used when the sidecar cannot answer and no policy was ever fetched for the queue. */
+  defaultPolicy?: ResolvedPolicy;
+  /** On a `drop` give-up, remove the job from the failed set (default true). */
+  dropRemoves?: boolean;
+  /** Structured logger (pino-style); `false` silences. Default: JSON lines on stderr. */
+  logger?: Logger | false;
+}
+
+export interface Metrics {
+  decisions: {
+    retry: number;
+    give_up_max_attempts: number;
+    give_up_deadline: number;
+    give_up_non_retryable: number;
+  };
+  /** Answers computed locally, by cause. */
+  fallback: {
+    total: number;
+    unavailable: number;
+    deadline_exceeded: number;
+    not_found: number;
+    other: number;
+    /** Of those, how many used the built-in/configured default policy (no fetched policy). */
+    default_policy: number;
+  };
+  deadLettered: number;
+  dropped: number;
+  /** Internal problems the hook absorbed (e.g. a dead-letter write that failed). */
+  hookErrors: number;
+}
+
+export interface DecisionEvent extends Answer {
+  queue: string;
+  jobId: string;
+  attempt: number;
+}
+export interface FallbackEvent {
+  queue: string;
+  jobId: string;
+  attempt: number;
+  cause: 'unavailable' | 'deadline_exceeded' | 'not_found' | 'other';
+  code: number | null;
+  policySource: 'cached' | 'default';
+}
+export interface DeadLetterEvent {
+  queue: string;
+  jobId: string;
+  key: string;
+  deadLetterQueue: string;
+  deadLetterJobId: string;
+  reason: GiveUpReasonName;
+}
+export interface DropEvent {
+  queue: string;
+  jobId: string;
+  key: string;
+  reason: GiveUpReasonName;
+  removed: boolean;
+}
+export interface HookErrorEvent {
+  queue: string;
+  jobId: string;
+  error: Error;
+  where: string;
+}
+
+/** The data of a job in a dead-letter queue. */
+export interface DeadLetter<T = unknown> {
+  format: 'rebound.dev/dead-letter/v1';
+  sourceQueue: string;
+  sourceJobId: string;
+  name: string;
+  data: T;
+  key: string;
+  attempt: number;
+  reason: GiveUpReasonName;
+  reasonMessage: string;
+  error: { name: string; message: string; class: string };
+  firstFailureUnixMs: number;
+  deadLetteredAtUnixMs: number;
+  policy: PolicyRef;
+  source: 'sidecar' | 'fallback';
+}
+
+export interface EnqueueOptions {
+  /** The idempotency key; default `crypto.randomUUID()`. Becomes the job id. Must not contain ':'. */
+  key?: string;
+  [option: string]: unknown;
+}
+
+export interface ReboundJobOptions {
+  jobId: string;
+  attempts: number;
+  backoff: { type: 'rebound'; options?: { jobId: string } };
+  [option: string]: unknown;
+}
+
+export interface BullMQAdapter {
+  /** `{ backoffStrategy }`: pass as (or spread into) the Worker's `settings`. */
+  settings(): { backoffStrategy: BullMQBackoffStrategy };
+  /** The hook itself. Never rejects. */
+  backoffStrategy: BullMQBackoffStrategy;
+  /** Job options for `queue.add(name, data, opts)`: jobId = key, attempts, backoff. */
+  jobOptions(queueName: string, opts?: EnqueueOptions): Promise<ReboundJobOptions>;
+  /** Enqueues with `jobOptions`; resolves to the job and its key. */
+  add<T = unknown>(
+    queue: { name: string; add(name: string, data: T, opts?: object): Promise<any> },
+    name: string,
+    data: T,
+    opts?: EnqueueOptions,
+  ): Promise<{ job: any; key: string }>;
+  /** Puts a dead-lettered job back on its source queue with the same key; removes the dead-letter job last. */
+  replay(
+    deadLetterJob: { data: DeadLetter; remove(): Promise<void> },
+    queue: { name: string; add(name: string, data: any, opts?: object): Promise<any>; getJob(id: string): Promise<any> },
+    opts?: Omit<EnqueueOptions, 'key'>,
+  ): Promise<{ job: any; key: string }>;
+}
+
+export type BullMQBackoffStrategy = (
+  attemptsMade: number,
+  type?: string,
+  err?: Error,
+  job?: any,
+) => Promise<number>;
+
+export interface BullAdapter {
+  /** Registers the `rebound` backoff strategy on a Bull 4 queue (and the drop clean-up). Returns the queue. */
+  attach<Q>(queue: Q): Q;
+  jobOptions(queueName: string, opts?: EnqueueOptions): Promise<ReboundJobOptions>;
+  add<T = unknown>(
+    queue: { name: string; add(name: string, data: T, opts?: object): Promise<any> },
+    name: string,
+    data: T,
+    opts?: EnqueueOptions,
+  ): Promise<{ job: any; key: string }>;
+}
+
+export interface Rebound extends EventEmitter {
+  bullmq: BullMQAdapter;
+  bull: BullAdapter;
+  /** Asks the sidecar (falls back locally); never rejects. */
+  decide(failure: Failure): Promise<Answer>;
+  /** The cached policy of a queue (fetching it when absent); null when none is known. */
+  policy(queue: string): Promise<{ policy: PolicyRef; resolved: ResolvedPolicy } | null>;
+  metrics(): Metrics;
+  close(): Promise<void>;
+  on(event: 'decision', listener: (e: DecisionEvent) => void): this;
+  on(event: 'fallback', listener: (e: FallbackEvent) => void): this;
+  on(event: 'deadLetter', listener: (e: DeadLetterEvent) => void): this;
+  on(event: 'drop', listener: (e: DropEvent) => void): this;
+  on(event: 'hookError', listener: (e: HookErrorEvent) => void): this;
+}
+
+export function createRebound(options?: ReboundOptions): Rebound;
+
+/** The idempotency key of a job enqueued through Rebound (its id). */
+export function keyOf(job: { id?: string | number | null }): string;
+
+/** The job attempts limit Rebound sets: above every valid maxAttempts (10000). */
+export const LIBRARY_ATTEMPTS: number;
+
+/** The policy used without a fetched one. */
+export const DEFAULT_POLICY: ResolvedPolicy;
+
+/** The local port of the policy crate's decision function (exported for tests and tools). */
+export function decideLocal(
+  policy: ResolvedPolicy,
+  identity: string,
+  attempt: number,
+  context: {
+    jobId?: string;
+    errorClass?: string;
+    firstFailureUnixMs?: bigint | number;
+    nowUnixMs?: bigint | number;
+    retryAfterMs?: bigint | number;
+  },
+): {
+  decision: DecisionName;
+  delayMs: number;
+  disposition: DispositionName;
+  deadLetterQueue: string;
+  reason: GiveUpReasonName;
+  reasonMessage: string;
+};

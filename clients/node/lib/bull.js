@@ -1,0 +1,107 @@
+'use strict';
+// Bull 4: `settings.backoffStrategies[type](attemptsMade, err, options)`, called after the
+// failure was counted (1-based), with `options` = the job's `backoff.options`; no job and
+// no queue are passed, so the adapter attaches to the queue and the job id travels in
+// `backoff.options`. Returning -1 sends the job to the failed set.
+
+const { runHook } = require('./hook');
+const { BACKOFF_TYPE, newKey } = require('./bullmq');
+
+function createBullAdapter(rebound) {
+  const deadLetterQueues = new Map();
+  rebound.closers.push(async () => {
+    await Promise.allSettled([...deadLetterQueues.values()].map((q) => q.close()));
+  });
+
+  function deadLetterQueue(queue, name) {
+    const id = `${queue.keyPrefix}\u0000${name}`;
+    let q = deadLetterQueues.get(id);
+    if (!q) {
+      const { host, port, db, password, username, path, tls, family } = queue.client.options;
+      // The same Redis and prefix as the source queue, through Bull's own constructor.
+      const Queue = queue.constructor;
+      q = new Queue(name, {
+        redis: { host, port, db, password, username, path, tls, family },
+        prefix: queue.keyPrefix,
+      });
+      q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e));
+      deadLetterQueues.set(id, q);
+    }
+    return q;
+  }
+
+  function attach(queue) {
+    const drops = new Set();
+    queue.settings.backoffStrategies = {
+      ...queue.settings.backoffStrategies,
+      [BACKOFF_TYPE]: (attemptsMade, err, options) => {
+        const jobId = options && options.jobId !== undefined ? String(options.jobId) : '';
+        return runHook(rebound, {
+          queue: queue.name,
+          jobId,
+          attemptsMade,
+          err,
+          name: options && options.name,
+          data: undefined,
+          redis: jobId === '' ? null : bullJobHash(queue, jobId),
+          async deadLetter(dlq, dlqJobId, payload) {
+            // The hook sees no job: read its name and data from Redis.
+            const job = await queue.getJob(jobId);
+            if (job) {
+              payload.name = job.name;
+              payload.data = job.data;
+            }
+            await deadLetterQueue(queue, dlq).add(payload.name || 'dead-letter', payload, {
+              jobId: dlqJobId,
+              removeOnComplete: false,
+              removeOnFail: false,
+            });
+          },
+          async drop() {
+            // Bounded: an entry whose 'failed' event never comes is forgotten eventually.
+            if (drops.size >= 10000) drops.delete(drops.values().next().value);
+            drops.add(jobId);
+            return true;
+          },
+        });
+      },
+    };
+    // Bull emits 'failed' on the worker right after its move-to-failed script ran.
+    queue.on('failed', (job) => {
+      const id = String(job.id);
+      if (!drops.delete(id)) return;
+      job.remove().catch((e) => rebound.hookError(queue.name, id, 'drop', e));
+    });
+    return queue;
+  }
+
+  async function jobOptions(queueName, opts = {}) {
+    const key = newKey(opts);
+    const { key: _ignored, ...rest } = opts;
+    await rebound.warm(queueName);
+    return {
+      ...rest,
+      jobId: key,
+      attempts: rebound.libraryAttempts(queueName),
+      backoff: { type: BACKOFF_TYPE, options: { jobId: key } },
+    };
+  }
+
+  async function add(queue, name, data, opts = {}) {
+    const jobOpts = await jobOptions(queue.name, opts);
+    const job = await queue.add(name, data, jobOpts);
+    return { job, key: jobOpts.jobId };
+  }
+
+  return { attach, jobOptions, add };
+}
+
+function bullJobHash(queue, jobId) {
+  const key = queue.toKey(jobId);
+  return {
+    hget: (field) => queue.client.hget(key, field),
+    hset: (field, value) => queue.client.hset(key, field, value),
+  };
+}
+
+module.exports = { createBullAdapter };

@@ -1,0 +1,154 @@
+'use strict';
+// BullMQ 6: `settings.backoffStrategy(attemptsMade, type, err, job)`, called with the
+// 1-based count including the failure being handled, only for jobs with
+// `backoff: { type: <custom> }`; returning -1 sends the job to the failed set.
+
+const crypto = require('node:crypto');
+const { runHook } = require('./hook');
+
+const BACKOFF_TYPE = 'rebound';
+
+/**
+ * The application's copy of a peer library: with `npm install <path>` this package is a
+ * symlink, and a plain require would resolve from the repository instead.
+ */
+function requireApp(name) {
+  const path = require('node:path');
+  const paths = [process.cwd()];
+  if (require.main && require.main.filename) paths.unshift(path.dirname(require.main.filename));
+  try {
+    return require(require.resolve(name, { paths }));
+  } catch {
+    return require(name);
+  }
+}
+
+/** `{ hget, hset }` on the job's Redis hash, or null when the backend is not Redis. */
+function jobHash(job) {
+  const q = job && job.queue;
+  if (!q || typeof q.toKey !== 'function' || typeof q.getBackend !== 'function') return null;
+  const key = q.toKey(job.id);
+  const client = () => Promise.resolve(q.getBackend().client);
+  return {
+    async hget(field) {
+      const c = await client();
+      return c && typeof c.hget === 'function' ? c.hget(key, field) : null;
+    },
+    async hset(field, value) {
+      const c = await client();
+      if (c && typeof c.hset === 'function') await c.hset(key, { [field]: value });
+    },
+  };
+}
+
+function newKey(opts) {
+  const key = opts && opts.key !== undefined ? String(opts.key) : crypto.randomUUID();
+  if (key === '' || key.includes(':') || /^\d+$/.test(key)) {
+    // BullMQ refuses custom ids with ':' and integer ids.
+    throw new TypeError(`key: ${JSON.stringify(key)} must be non-empty, not an integer and without ':'`);
+  }
+  return key;
+}
+
+function createBullMQAdapter(rebound) {
+  const deadLetterQueues = new Map();
+
+  function deadLetterQueue(job, name) {
+    if (!job || !job.queue || !job.queue.opts || !job.queue.opts.connection) {
+      throw new Error('the job carries no queue connection to reach the dead-letter queue');
+    }
+    const opts = job.queue.opts;
+    const id = `${opts.prefix ?? 'bull'}\u0000${name}`;
+    let q = deadLetterQueues.get(id);
+    if (!q) {
+      const { Queue } = requireApp('bullmq');
+      q = new Queue(name, { connection: opts.connection, prefix: opts.prefix });
+      q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e));
+      deadLetterQueues.set(id, q);
+    }
+    return q;
+  }
+  rebound.closers.push(async () => {
+    await Promise.allSettled([...deadLetterQueues.values()].map((q) => q.close()));
+  });
+
+  async function backoffStrategy(attemptsMade, type, err, job) {
+    return runHook(rebound, {
+      queue: job && job.queueName,
+      jobId: job && job.id,
+      attemptsMade,
+      err,
+      name: job && job.name,
+      data: job && job.data,
+      redis: jobHash(job),
+      async deadLetter(dlq, dlqJobId, payload) {
+        // A job id that exists already makes add() a no-op: a repeated call adds nothing.
+        await deadLetterQueue(job, dlq).add(payload.name || 'dead-letter', payload, {
+          jobId: dlqJobId,
+          removeOnComplete: false,
+          removeOnFail: false,
+        });
+      },
+      async drop() {
+        // BullMQ reads job.opts.removeOnFail after the hook returns, in the same script
+        // that moves the job to the failed set: it is removed atomically.
+        job.opts.removeOnFail = true;
+        return true;
+      },
+    });
+  }
+
+  async function jobOptions(queueName, opts = {}) {
+    const key = newKey(opts);
+    const { key: _ignored, ...rest } = opts;
+    // The first enqueue for a queue fetches its policy (bounded by the deadline, never
+    // failing the enqueue); later ones use the cache the background refresh keeps.
+    await rebound.warm(queueName);
+    return {
+      ...rest,
+      jobId: key,
+      attempts: rebound.libraryAttempts(queueName),
+      backoff: { type: BACKOFF_TYPE },
+    };
+  }
+
+  async function add(queue, name, data, opts = {}) {
+    const jobOpts = await jobOptions(queue.name, opts);
+    const job = await queue.add(name, data, jobOpts);
+    return { job, key: jobOpts.jobId };
+  }
+
+  /**
+   * Puts a dead-lettered job back on its source queue with the same key. Safe to run again
+   * after a crash: the dead-letter job is removed last, and a source job that is live again
+   * (not failed) is left alone.
+   */
+  async function replay(deadLetterJob, queue, opts = {}) {
+    const d = deadLetterJob && deadLetterJob.data;
+    if (!d || d.format !== 'rebound.dev/dead-letter/v1') {
+      throw new TypeError('deadLetterJob: not a Rebound dead-letter job (data.format)');
+    }
+    if (queue.name !== d.sourceQueue) {
+      throw new TypeError(`queue: the job came from ${JSON.stringify(d.sourceQueue)}, not ${JSON.stringify(queue.name)}`);
+    }
+    let job = await queue.getJob(d.key);
+    const state = job ? await job.getState() : 'unknown';
+    if (state === 'failed' || state === 'completed') {
+      await job.remove();
+      job = undefined;
+    }
+    if (!job) job = (await add(queue, d.name, d.data, { ...opts, key: d.key })).job;
+    await deadLetterJob.remove();
+    return { job, key: d.key };
+  }
+
+  return {
+    backoffStrategy,
+    settings: () => ({ backoffStrategy }),
+    jobOptions,
+    add,
+    replay,
+  };
+}
+
+module.exports = { createBullMQAdapter, BACKOFF_TYPE, newKey };

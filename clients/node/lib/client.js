@@ -1,0 +1,95 @@
+'use strict';
+// The gRPC client of rebound.v1.RetryAdvisor, loaded from the proto shipped in the package.
+
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const PROTO = path.join(__dirname, '..', 'proto', 'rebound', 'v1', 'advisor.proto');
+
+// keepCase: the proto's snake_case names (the sidecar's); longs: String, so 64-bit fields
+// never lose precision (durations are converted to Number where they are known to fit);
+// enums: String (the value names); defaults: unset fields present as 0 / "" / [].
+const LOADER_OPTIONS = { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true };
+
+let cachedPackage;
+function loadPackage() {
+  if (!cachedPackage) {
+    const def = protoLoader.loadSync(PROTO, LOADER_OPTIONS);
+    cachedPackage = grpc.loadPackageDefinition(def).rebound.v1;
+  }
+  return cachedPackage;
+}
+
+/** Reconnect quickly after the sidecar comes back (grpc-js backs off up to 120 s by default). */
+const CHANNEL_OPTIONS = {
+  'grpc.initial_reconnect_backoff_ms': 100,
+  'grpc.max_reconnect_backoff_ms': 1000,
+  'grpc.enable_retries': 0,
+  'grpc.keepalive_time_ms': 30000,
+};
+
+/** Accepts `unix:///abs/path.sock`, `unix:/abs/path`, `host:port`; refuses anything else. */
+function checkTarget(target) {
+  if (typeof target !== 'string' || target === '') {
+    throw new TypeError('target: must be "unix:///path/to.sock" or "127.0.0.1:PORT"');
+  }
+  if (target.startsWith('unix:')) return target;
+  if (!/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(target)) {
+    throw new TypeError(`target: ${JSON.stringify(target)} is not "unix:///path" or "host:port"`);
+  }
+  return target;
+}
+
+class AdvisorClient {
+  constructor(target, deadlineMs) {
+    const pkg = loadPackage();
+    this.deadlineMs = deadlineMs;
+    this.stub = new pkg.RetryAdvisor(checkTarget(target), grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+  }
+
+  call(method, request) {
+    return new Promise((resolve, reject) => {
+      this.stub[method](request, { deadline: Date.now() + this.deadlineMs }, (err, res) =>
+        err ? reject(err) : resolve(res),
+      );
+    });
+  }
+
+  decide(request) {
+    return this.call('Decide', request);
+  }
+
+  getPolicy(queue) {
+    return this.call('GetPolicy', { queue });
+  }
+
+  close() {
+    this.stub.close();
+  }
+}
+
+/** `rebound.v1.ResolvedPolicy` (keepCase, longs as strings) → the JSON shape decideLocal reads. */
+function resolvedFromWire(r) {
+  return {
+    strategy: r.strategy,
+    baseMs: Number(r.base_ms),
+    multiplier: r.multiplier,
+    capMs: Number(r.cap_ms),
+    jitter: r.jitter,
+    jitterRatio: r.jitter_ratio,
+    scheduleMs: r.schedule_ms.map(Number),
+    maxAttempts: r.max_attempts,
+    maxRetryDurationMs: Number(r.max_retry_duration_ms),
+    nonRetryableErrors: [...r.non_retryable_errors],
+    terminal: r.terminal,
+    deadLetterQueue: r.dead_letter_queue,
+  };
+}
+
+function policyRefFromWire(p) {
+  if (!p) return { name: '', namespace: '', generation: '0', configHash: '' };
+  return { name: p.name, namespace: p.namespace, generation: String(p.generation), configHash: p.config_hash };
+}
+
+module.exports = { AdvisorClient, loadPackage, resolvedFromWire, policyRefFromWire, LOADER_OPTIONS, PROTO, grpc };

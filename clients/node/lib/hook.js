@@ -1,0 +1,150 @@
+'use strict';
+// The hook logic both libraries share: first-failure bookkeeping, the decision, and the
+// disposition on give-up. Library specifics come in as small functions.
+
+const { LAST_RESORT_DELAY_MS, normaliseAttempt } = require('./rebound');
+
+/** The job-hash field that holds the first failure's time (ms since the epoch). */
+const FIRST_FAILURE_FIELD = 'rebound:firstFailure';
+/** First-failure times remembered in memory, so later attempts in this process skip Redis. */
+const MEMORY_LIMIT = 10000;
+/** A Redis that does not answer in this long leaves the first failure unknown for this call. */
+const REDIS_TIMEOUT_MS = 2000;
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no answer in ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * The time of the job's first failure, kept in the job's own Redis hash.
+ * Attempt 1 is the first failure (of this job's current life: a job retried by hand starts
+ * again at 1) and writes it; later attempts read it. `redis` is
+ * `{ hget(field) → Promise<string|null>, hset(field, value) → Promise }` or null.
+ */
+async function firstFailure(memory, memKey, redis, attempt, now) {
+  const known = memory.get(memKey);
+  if (known && attempt >= known.attempt) return known.ms;
+  let ms = now;
+  if (redis) {
+    if (attempt > 1) {
+      const stored = await redis.hget(FIRST_FAILURE_FIELD);
+      const n = Number(stored);
+      if (stored !== null && Number.isFinite(n) && n >= 1e12) ms = n;
+      else await redis.hset(FIRST_FAILURE_FIELD, String(ms));
+    } else {
+      await redis.hset(FIRST_FAILURE_FIELD, String(ms));
+    }
+  }
+  if (memory.size >= MEMORY_LIMIT) memory.delete(memory.keys().next().value);
+  memory.set(memKey, { attempt, ms });
+  return ms;
+}
+
+function forget(memory, memKey) {
+  memory.delete(memKey);
+}
+
+function errorSummary(err, errorClass) {
+  return {
+    name: err && typeof err.name === 'string' ? err.name : '',
+    message: err && typeof err.message === 'string' ? err.message : String(err),
+    class: errorClass ?? '',
+  };
+}
+
+/** The dead-letter job's id: derived from the source queue and key, so it is written once. */
+function deadLetterJobId(queue, key) {
+  return `${encodeURIComponent(queue)}/${encodeURIComponent(key)}`.replace(/:/g, '%3A');
+}
+
+/**
+ * Runs one hook call. Never rejects: every problem is absorbed, counted and logged.
+ * spec: { queue, jobId, attemptsMade, err, name, data, redis, deadLetter(dlq, jobId, payload),
+ *         drop(answer) → removed:boolean }
+ * Returns the delay in ms, or -1 to give up.
+ */
+async function runHook(rebound, spec) {
+  const queue = spec.queue;
+  const jobId = spec.jobId === undefined || spec.jobId === null ? '' : String(spec.jobId);
+  try {
+    const attempt = normaliseAttempt(spec.attemptsMade);
+    const now = Date.now();
+    const memKey = `${queue}\u0000${jobId}`;
+    let ff;
+    try {
+      ff =
+        jobId === ''
+          ? undefined
+          : await withTimeout(firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now), REDIS_TIMEOUT_MS, 'first failure');
+    } catch (e) {
+      rebound.hookError(queue, jobId, 'firstFailure', e);
+    }
+    const errorClass = rebound.errorClassOf(spec.err);
+    const answer = await rebound.decide({
+      queue,
+      attempt,
+      jobId,
+      errorClass,
+      firstFailureUnixMs: ff,
+      retryAfterMs: rebound.retryAfterOf(spec.err),
+    });
+    if (answer.decision === 'DECISION_RETRY') return answer.delayMs;
+
+    forget(rebound.firstFailures, memKey);
+    if (answer.disposition === 'DISPOSITION_DEAD_LETTER' && answer.deadLetterQueue) {
+      const dlqJobId = deadLetterJobId(queue, jobId);
+      const payload = {
+        format: 'rebound.dev/dead-letter/v1',
+        sourceQueue: queue,
+        sourceJobId: jobId,
+        name: spec.name ?? '',
+        data: spec.data ?? null,
+        key: jobId,
+        attempt,
+        reason: answer.reason,
+        reasonMessage: answer.reasonMessage,
+        error: errorSummary(spec.err, errorClass),
+        firstFailureUnixMs: ff ?? 0,
+        deadLetteredAtUnixMs: Date.now(),
+        policy: answer.policy,
+        source: answer.source,
+      };
+      try {
+        await spec.deadLetter(answer.deadLetterQueue, dlqJobId, payload);
+        rebound.counters.deadLettered++;
+        rebound.safeEmit('deadLetter', {
+          queue,
+          jobId,
+          key: jobId,
+          deadLetterQueue: answer.deadLetterQueue,
+          deadLetterJobId: dlqJobId,
+          reason: answer.reason,
+        });
+      } catch (e) {
+        // The job stays in the failed set (never removed): nothing is lost.
+        rebound.hookError(queue, jobId, 'deadLetter', e);
+      }
+    } else {
+      // Drop. A give-up by the built-in default policy only leaves the job failed.
+      const remove = rebound.dropRemoves && answer.policySource !== 'default';
+      let removed = false;
+      try {
+        removed = remove ? await spec.drop(answer) : false;
+      } catch (e) {
+        rebound.hookError(queue, jobId, 'drop', e);
+      }
+      rebound.counters.dropped++;
+      rebound.safeEmit('drop', { queue, jobId, key: jobId, reason: answer.reason, removed });
+    }
+    return -1;
+  } catch (e) {
+    rebound.hookError(queue, jobId, 'hook', e);
+    return LAST_RESORT_DELAY_MS;
+  }
+}
+
+module.exports = { runHook, firstFailure, deadLetterJobId, FIRST_FAILURE_FIELD };

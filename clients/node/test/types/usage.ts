@@ -1,0 +1,47 @@
+// Compiled by test/unit/types.test.js (tsc --noEmit --strict): the README's uses of the
+// API type-check against index.d.ts, and wrong uses do not.
+import { Queue, Worker } from 'bullmq';
+import Bull from 'bull';
+import { createRebound, keyOf, decideLocal, DEFAULT_POLICY, LIBRARY_ATTEMPTS, type Answer, type DeadLetter } from '@rebound-dev/node';
+
+async function main(): Promise<void> {
+  const rebound = createRebound({
+    target: 'unix:///run/rebound/rebound.sock',
+    deadlineMs: 250,
+    errorClass: (err) => (err instanceof Error ? err.name : undefined),
+    retryAfterMs: () => undefined,
+    refreshIntervalMs: 30000,
+    defaultPolicy: DEFAULT_POLICY,
+    dropRemoves: true,
+    logger: false,
+  });
+  const connection = { host: '127.0.0.1', port: 6379 };
+  const queue = new Queue('webhooks', { connection });
+  const worker = new Worker('webhooks', async (job) => keyOf(job), { connection, settings: rebound.bullmq.settings() });
+  const { job, key } = await rebound.bullmq.add(queue, 'deliver', { url: 'http://x' }, { key: 'k-1', priority: 1 });
+  const opts = await rebound.bullmq.jobOptions('webhooks');
+  const attempts: number = opts.attempts + LIBRARY_ATTEMPTS;
+  await queue.add('deliver', {}, opts);
+  const dlq = new Queue<DeadLetter>('webhooks-dead', { connection });
+  const dead = await dlq.getJob('webhooks/k-1');
+  if (dead) await rebound.bullmq.replay(dead, queue);
+  const bull = rebound.bull.attach(new Bull('legacy'));
+  await rebound.bull.add(bull, 'x', { a: 1 });
+  const answer: Answer = await rebound.decide({ queue: 'webhooks', attempt: 2, jobId: key });
+  const local = decideLocal(DEFAULT_POLICY, 'ns/name', 3, { jobId: 'j', nowUnixMs: 1n });
+  const delay: number = await rebound.bullmq.backoffStrategy(1, 'rebound', new Error('x'), job);
+  rebound.on('decision', (d) => d.delayMs + d.attempt);
+  rebound.on('fallback', (f) => f.cause === 'unavailable');
+  rebound.on('deadLetter', (d) => d.deadLetterJobId);
+  rebound.on('drop', (d) => d.removed);
+  const m = rebound.metrics();
+  const n: number = m.decisions.retry + m.fallback.total + m.deadLettered + m.dropped;
+  const dl: DeadLetter<{ url: string }> | null = null;
+  void [attempts, answer, local, delay, n, dl, worker];
+  // @ts-expect-error the target is a string
+  createRebound({ target: 7411 });
+  // @ts-expect-error no such event
+  rebound.on('decisions', () => undefined);
+  await rebound.close();
+}
+void main;

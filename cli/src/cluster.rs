@@ -150,8 +150,15 @@ pub async fn compiled_document(
 /// The namespace's policies from the files, or from the cluster (with its ConfigMap).
 pub fn load(args: &ClusterArgs, inputs: &Inputs, namespace: Option<String>) -> Result<Namespace> {
     if !inputs.files.is_empty() {
-        let namespace = namespace.unwrap_or_else(|| "default".to_owned());
-        let policies = from_files(inputs, &namespace)?;
+        let default_ns = namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let policies = from_files(inputs, &default_ns)?;
+        // As in the cluster, one namespace: the given one, else the first manifest's.
+        let namespace = namespace.unwrap_or_else(|| {
+            policies
+                .first()
+                .and_then(|p| p.metadata.namespace.clone())
+                .unwrap_or(default_ns)
+        });
         return Ok(Namespace {
             namespace,
             policies,

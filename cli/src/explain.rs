@@ -28,9 +28,14 @@ pub fn run(
     format: Format,
 ) -> Result<ExitCode> {
     let ns = cluster::load(args, inputs, namespace)?;
+    let policies: Vec<RetryPolicy> = ns
+        .policies
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.namespace.as_str()))
+        .collect();
     let value = explain(
         &ns.namespace,
-        &ns.policies,
+        &policies,
         ns.configmap.as_ref(),
         &args.configmap,
         queue,

@@ -20,3 +20,9 @@ dev/cluster-up.sh "$state" >/dev/null
 export REBOUND_CLUSTER_STATE_DIR="$state"
 
 cargo test --workspace --locked "$@"
+
+# GitOps health (gitops/, a Go module; modules from the proxy): the Argo CD Lua check and
+# kstatus on RetryPolicies the real operator wrote, and the repository's kustomization.
+cargo build --locked --quiet -p rebound-operator
+(cd gitops && REBOUND_OPERATOR_BIN="${CARGO_TARGET_DIR:-$repo_root/target}/debug/rebound-operator" \
+  GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 ./...)

@@ -686,3 +686,37 @@ fn a_closed_pipe_is_not_a_crash() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A cluster that cannot be reached is an I/O error (2), for every cluster-backed command.
+#[test]
+fn an_unreachable_cluster_exits_2() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\n\
+             users:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: shop}}\n\
+             current-context: x\n"
+        ),
+    )
+    .expect("write");
+    let path = kubeconfig.to_string_lossy().into_owned();
+    for args in [
+        vec!["explain", "q"],
+        vec!["simulate"],
+        vec!["ask", "--queue", "q", "--attempt", "1"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--kubeconfig", &path, "-o", "json"]);
+        let out = rebound(&all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing on stdout");
+    }
+    let missing = rebound(&["explain", "q", "--kubeconfig", "/does/not/exist"]);
+    assert_eq!(missing.status.code(), Some(2));
+}

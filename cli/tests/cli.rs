@@ -720,3 +720,68 @@ fn an_unreachable_cluster_exits_2() {
     let missing = rebound(&["explain", "q", "--kubeconfig", "/does/not/exist"]);
     assert_eq!(missing.status.code(), Some(2));
 }
+
+/// Equally specific globs: the policy that sorts first wins (files carry no creation
+/// time), and `explain` names the same winner `ask` answers with.
+#[test]
+fn explain_equal_globs_and_ask_agree() {
+    let policy = |name: &str, pattern: &str| {
+        format!(
+            "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: {name}}}\n\
+             spec: {{queues: [{pattern:?}], maxAttempts: 3}}\n---\n"
+        )
+    };
+    let input = [policy("b-second", "pay*nts"), policy("a-first", "pay*ent*")].concat();
+    let out = rebound_stdin(
+        &[
+            "explain",
+            "payments",
+            "-f",
+            "-",
+            "--samples",
+            "100",
+            "-o",
+            "json",
+        ],
+        input.as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let v = json(&out);
+    assert_eq!(v["servedBy"]["policy"], "a-first");
+    assert_eq!(v["servedBy"]["match"], "glob");
+    let loser: Vec<&Value> = v["candidates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["policy"] == "b-second")
+        .collect();
+    assert_eq!(loser.len(), 1);
+    assert_eq!(loser[0]["outcome"], "earlierPolicyWins");
+    assert_eq!(loser[0]["beatenBy"], "a-first");
+
+    let asked = rebound_stdin(
+        &[
+            "ask",
+            "--queue",
+            "payments",
+            "--attempt",
+            "1",
+            "-f",
+            "-",
+            "-o",
+            "json",
+        ],
+        input.as_bytes(),
+    );
+    assert_eq!(json(&asked)["policy"]["name"], "a-first");
+
+    // A queue nothing matches: explained as unserved (exit 0), while ask cannot answer (2).
+    let none = rebound_stdin(
+        &["explain", "video", "-f", "-", "-o", "json"],
+        input.as_bytes(),
+    );
+    assert_eq!(none.status.code(), Some(0));
+    let v = json(&none);
+    assert_eq!(v["servedBy"], Value::Null);
+    assert_eq!(v["candidates"], serde_json::json!([]));
+}

@@ -11,6 +11,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod ask;
 mod cluster;
+mod complete;
 mod explain;
 mod input;
 mod output;
@@ -142,6 +143,7 @@ fn invoked_as(argv0: Option<&OsString>) -> &'static str {
         .and_then(|p| p.file_stem())
         .and_then(|s| s.to_str());
     match stem {
+        Some(s) if s.starts_with("kubectl_complete-rebound") => "kubectl_complete-rebound",
         Some(s) if s.starts_with("kubectl-rebound") => "kubectl-rebound",
         _ => "rebound",
     }
@@ -151,6 +153,17 @@ fn invoked_as(argv0: Option<&OsString>) -> &'static str {
 pub fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     let name = invoked_as(args.first());
+    if name == "kubectl_complete-rebound" {
+        let words: Vec<String> = args
+            .iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return match output::emit(&complete::answer(&Cli::command(), &words)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(2),
+        };
+    }
     let mut command = Cli::command();
     if name == "kubectl-rebound" {
         command = command

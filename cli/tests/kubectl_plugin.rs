@@ -384,3 +384,71 @@ async fn kubectl_rebound_explains_asks_and_simulates_from_the_cluster() -> Resul
     assert_eq!(v["configMap"]["servedBy"], "payments");
     Ok(())
 }
+
+/// `kubectl __complete rebound …` (what kubectl's shell completion runs) reaches
+/// `kubectl_complete-rebound` on PATH; answers are cobra's: candidates, then `:directive`.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_completes_the_plugin() -> Result<()> {
+    let env = TestEnv::new("cli-complete").await?;
+    let dir = tempfile::tempdir()?;
+    // kubectl completes a plugin it finds, with the completion executable beside it.
+    for (bin, name) in [
+        (env!("CARGO_BIN_EXE_kubectl-rebound"), "kubectl-rebound"),
+        (
+            env!("CARGO_BIN_EXE_kubectl_complete-rebound"),
+            "kubectl_complete-rebound",
+        ),
+    ] {
+        std::os::unix::fs::symlink(bin, dir.path().join(name))?;
+    }
+    let path = std::env::join_paths(std::iter::once(dir.path().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))?;
+    let complete = |words: &[&str]| -> Result<(Vec<String>, u32)> {
+        let out = Command::new(env.cluster.kubectl_path())
+            .args(["__complete", "rebound"])
+            .args(words)
+            .env("PATH", &path)
+            .env("KUBECONFIG", env.cluster.kubeconfig())
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout)?;
+        let mut lines: Vec<&str> = text.lines().collect();
+        let directive = lines
+            .pop()
+            .and_then(|l| l.strip_prefix(':'))
+            .context("a :directive line")?
+            .parse()?;
+        let values = lines
+            .iter()
+            .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+            .collect();
+        Ok((values, directive))
+    };
+    let (subs, directive) = complete(&[""])?;
+    assert_eq!(
+        subs,
+        [
+            "validate",
+            "simulate",
+            "explain",
+            "crd",
+            "ask",
+            "completion"
+        ]
+    );
+    assert_eq!(directive, 4, "no file names for a subcommand");
+    assert_eq!(complete(&["ex"])?, (vec!["explain".to_owned()], 4));
+    let (formats, _) = complete(&["ask", "-o", ""])?;
+    assert_eq!(formats, ["text", "json", "yaml"]);
+    assert_eq!(complete(&["completion", "z"])?, (vec!["zsh".to_owned()], 4));
+    let (_, directive) = complete(&["validate", "-f", ""])?;
+    assert_eq!(directive, 0, "-f completes file names");
+    let (flags, _) = complete(&["explain", "q", "--na"])?;
+    assert_eq!(flags, ["--namespace"]);
+    Ok(())
+}

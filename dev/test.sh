@@ -31,3 +31,9 @@ rm -rf .state/node-e2e # logs of the previous run's end-to-end stacks
 (cd clients/node && npm test)
 (cd clients/node && npm run test:e2e)
 (cd examples/webhook-delivery && npm test)
+
+# GitOps health (gitops/, a Go module; modules from the proxy): the Argo CD Lua check and
+# kstatus on RetryPolicies the real operator wrote, and the repository's kustomization.
+cargo build --locked --quiet -p rebound-operator
+(cd gitops && REBOUND_OPERATOR_BIN="${CARGO_TARGET_DIR:-$repo_root/target}/debug/rebound-operator" \
+  GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 ./...)

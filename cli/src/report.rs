@@ -5,8 +5,11 @@ use std::fmt::Write as _;
 use rebound_policy::{
     ResolvedPolicy, Simulation, duration::format_approx, format_millis, spec::Strategy,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
+use crate::output;
+
+/// A policy and its simulated schedule.
 pub struct PolicyReport {
     pub name: String,
     pub namespace: String,
@@ -15,29 +18,31 @@ pub struct PolicyReport {
     pub simulation: Simulation,
 }
 
-/// The JSON contract: `policies[].{name, retries[].{retry, min_ms, p50_ms, p99_ms, max_ms,
-/// mean_ms}, give_up_after_ms.{p50, p99, max}}`. Fields may be added, never renamed.
-pub fn json(reports: &[PolicyReport]) -> String {
-    let policies: Vec<_> = reports
-        .iter()
-        .map(|r| {
-            let s = &r.simulation;
-            json!({
-                "name": r.name,
-                "namespace": r.namespace,
-                "queues": r.queues,
-                "max_attempts": s.max_attempts,
-                "samples": s.samples,
-                "seed": s.seed,
-                "retries": s.retries,
-                "give_up_after_ms": s.give_up_after_ms,
-                "give_up_reasons": s.give_up_reasons,
-                "terminal": s.terminal.to_string(),
-                "resolved": r.params,
-            })
-        })
-        .collect();
-    serde_json::to_string_pretty(&json!({ "policies": policies })).unwrap_or_default()
+/// One policy's simulation as JSON, keys in the API's camelCase (see docs/cli.md): `name,
+/// namespace, queues, maxAttempts, samples, seed, retries[].{retry, minMs, p50Ms, p99Ms,
+/// maxMs, meanMs, jobs}, giveUpAfterMs.{p50, p99, max}, giveUpReasons, terminal, resolved`.
+/// Fields may be added, never renamed.
+pub fn policy_json(r: &PolicyReport) -> Value {
+    let s = &r.simulation;
+    let camel = |v: serde_json::Result<Value>| output::camel_keys(v.unwrap_or_default());
+    json!({
+        "name": r.name,
+        "namespace": r.namespace,
+        "queues": r.queues,
+        "maxAttempts": s.max_attempts,
+        "samples": s.samples,
+        "seed": s.seed,
+        "retries": camel(serde_json::to_value(&s.retries)),
+        "giveUpAfterMs": s.give_up_after_ms,
+        "giveUpReasons": camel(serde_json::to_value(&s.give_up_reasons)),
+        "terminal": s.terminal.to_string(),
+        "resolved": r.params,
+    })
+}
+
+/// `{"policies": [...]}` of [`policy_json`].
+pub fn json(reports: &[PolicyReport]) -> Value {
+    json!({ "policies": reports.iter().map(policy_json).collect::<Vec<_>>() })
 }
 
 fn curve(p: &ResolvedPolicy) -> String {

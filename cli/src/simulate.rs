@@ -1,0 +1,69 @@
+//! `simulate`: the schedule of each policy, from manifests or from the cluster.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use rebound_policy::{Policy, RetryPolicy, resolve, simulate};
+
+use crate::{
+    Findings, Format, Inputs,
+    cluster::{self, ClusterArgs},
+    output, report,
+};
+
+/// A policy's report, or a finding if its spec is invalid (possible for objects read from
+/// a cluster whose CRD is older than this build).
+pub fn policy_report(
+    p: &RetryPolicy,
+    namespace: &str,
+    samples: u32,
+    seed: u64,
+) -> Result<report::PolicyReport> {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let namespace = p
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.to_owned());
+    let params = resolve(&p.spec).map_err(|errors| {
+        Findings(format!(
+            "RetryPolicy {namespace}/{name}: {}: {}",
+            errors[0].field, errors[0].message
+        ))
+    })?;
+    let policy = Policy::new(format!("{namespace}/{name}"), params.clone());
+    Ok(report::PolicyReport {
+        simulation: simulate(&policy, samples, seed, true),
+        name,
+        namespace,
+        queues: p.spec.queues.clone(),
+        params,
+    })
+}
+
+pub fn run(
+    args: &ClusterArgs,
+    inputs: &Inputs,
+    namespace: Option<String>,
+    only: Option<&str>,
+    samples: u32,
+    seed: u64,
+    format: Format,
+) -> Result<ExitCode> {
+    let ns = cluster::load(args, inputs, namespace)?;
+    let reports = ns
+        .policies
+        .iter()
+        .filter(|p| only.is_none_or(|n| p.metadata.name.as_deref() == Some(n)))
+        .map(|p| policy_report(p, &ns.namespace, samples, seed))
+        .collect::<Result<Vec<_>>>()?;
+    if reports.is_empty() {
+        let named = only.map(|n| format!(" named {n:?}")).unwrap_or_default();
+        if inputs.files.is_empty() {
+            bail!("no RetryPolicy{named} in namespace {:?}", ns.namespace);
+        }
+        bail!("no valid RetryPolicy{named} in the given files");
+    }
+    output::emit_as(format, &report::json(&reports), || report::table(&reports))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,48 @@
+-- Argo CD health of a rebound.dev RetryPolicy, read from the conditions rebound-operator
+-- writes (kstatus conventions: Ready, plus Reconciling and Stalled as abnormal-true).
+-- Runs in Argo CD's restricted Lua (no string library): plain concatenation only.
+local hs = {status = "Progressing", message = "Waiting for rebound-operator to compile this policy"}
+if obj.status == nil or obj.status.conditions == nil then
+  return hs
+end
+local generation = obj.metadata.generation
+local function current(observed)
+  return generation == nil or observed == nil or observed == generation
+end
+if not current(obj.status.observedGeneration) then
+  hs.message = "Waiting for rebound-operator to compile generation " .. generation
+  return hs
+end
+local ready, reconciling, stalled
+for _, c in ipairs(obj.status.conditions) do
+  if c.type == "Ready" then
+    ready = c
+  elseif c.type == "Reconciling" then
+    reconciling = c
+  elseif c.type == "Stalled" then
+    stalled = c
+  end
+end
+local function says(c)
+  return (c.reason or "") .. ": " .. (c.message or "")
+end
+if ready ~= nil and not current(ready.observedGeneration) then
+  hs.message = "Waiting for rebound-operator to compile generation " .. generation
+  return hs
+end
+-- Stalled: the operator cannot serve this policy as written (InvalidSpec, Conflict,
+-- ConfigMapNotOwned, DocumentTooLarge) until someone changes something.
+if stalled ~= nil and stalled.status == "True" then
+  return {status = "Degraded", message = says(stalled)}
+end
+if ready ~= nil and ready.status == "True" then
+  return {status = "Healthy", message = ready.message or ""}
+end
+-- Reconciling: a transient failure (ApplyFailed) the operator retries with backoff.
+if reconciling ~= nil and reconciling.status == "True" then
+  return {status = "Progressing", message = says(reconciling)}
+end
+if ready ~= nil and ready.status == "False" then
+  return {status = "Degraded", message = says(ready)}
+end
+return hs

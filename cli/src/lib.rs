@@ -17,6 +17,7 @@ mod input;
 mod output;
 mod report;
 mod simulate;
+mod storm;
 mod validate;
 
 pub use output::Format;
@@ -97,6 +98,28 @@ enum Command {
         samples: u32,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// Many clients retrying one write at once under each policy (the optimistic-concurrency
+    /// model of "Exponential Backoff And Jitter"): calls made and time until the last client
+    /// finished, per number of clients. Without -f, reads the namespace's RetryPolicies.
+    Storm {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Only this policy (metadata.name).
+        #[arg(long)]
+        policy: Option<String>,
+        /// Numbers of clients: counts and ranges FROM..TO[:STEP], comma-separated.
+        #[arg(long, value_parser = storm::parse_clients, default_value = "10..100:10")]
+        clients: storm::Counts,
+        /// How long one write holds the resource (and until its caller learns the result).
+        #[arg(long, value_parser = storm::parse_write, default_value = "10ms")]
+        write: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
     },
     /// Print the RetryPolicy CustomResourceDefinition.
     Crd,
@@ -221,6 +244,26 @@ fn run(cli: Cli, name: &str) -> Result<ExitCode> {
             samples,
             seed,
         } => explain::run(&cluster, &inputs, namespace, &queue, samples, seed, output),
+        Command::Storm {
+            inputs,
+            policy,
+            clients,
+            write,
+            seed,
+            namespace,
+            output,
+        } => storm::run(
+            &cluster,
+            &inputs,
+            namespace,
+            &storm::StormArgs {
+                only: policy.as_deref(),
+                clients: &clients.0,
+                write_ms: write,
+                seed,
+            },
+            output,
+        ),
         Command::Crd => {
             output::emit(&rebound_policy::crd_yaml())?;
             Ok(ExitCode::SUCCESS)

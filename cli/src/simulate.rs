@@ -19,6 +19,19 @@ pub fn policy_report(
     samples: u32,
     seed: u64,
 ) -> Result<report::PolicyReport> {
+    let (name, namespace, policy) = policy_of(p, namespace)?;
+    Ok(report::PolicyReport {
+        simulation: simulate(&policy, samples, seed, true),
+        name,
+        namespace,
+        queues: p.spec.queues.clone(),
+        params: policy.params().clone(),
+    })
+}
+
+/// The policy's name, namespace and decision input (identity `namespace/name`, which seeds
+/// the jitter as in the cluster), or a finding if its spec is invalid.
+pub fn policy_of(p: &RetryPolicy, namespace: &str) -> Result<(String, String, Policy)> {
     let name = p.metadata.name.clone().unwrap_or_default();
     let namespace = p
         .metadata
@@ -31,14 +44,8 @@ pub fn policy_report(
             errors[0].field, errors[0].message
         ))
     })?;
-    let policy = Policy::new(format!("{namespace}/{name}"), params.clone());
-    Ok(report::PolicyReport {
-        simulation: simulate(&policy, samples, seed, true),
-        name,
-        namespace,
-        queues: p.spec.queues.clone(),
-        params,
-    })
+    let policy = Policy::new(format!("{namespace}/{name}"), params);
+    Ok((name, namespace, policy))
 }
 
 pub fn run(

@@ -65,6 +65,19 @@ pub mod limits {
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = "1",
+        description = "Why Ready is what it is"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message",
+        priority = "1"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -120,7 +133,9 @@ pub struct RetryPolicySpec {
     validation = crate::spec::rules::NO_JITTER_WITH_DECORRELATED.to_rule()
 )]
 pub struct Backoff {
-    /// How the delay grows with each retry. Default exponential.
+    /// How the delay grows with each retry k: `exponential` (default) base × multiplier^(k−1);
+    /// `linear` base × k; `constant` base every time; `decorrelated` min(cap, uniform(base,
+    /// 3 × previous)); `schedule` the listed delays in order, the last one repeating.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<Strategy>,
     /// First delay (exponential, decorrelated), step (linear) or the delay (constant). Default 1s.
@@ -144,7 +159,8 @@ pub struct Backoff {
     pub schedule: Option<Vec<KubeDuration>>,
 }
 
-/// How the delay grows.
+// How the delay grows; described on the field that holds it, which `kubectl explain` shows
+// (a description here would replace the field's).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum Strategy {
@@ -166,6 +182,8 @@ pub enum Strategy {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = crate::spec::rules::RATIO_ONLY_PROPORTIONAL.to_rule())]
 pub struct Jitter {
+    /// `none` the capped delay d exactly; `full` uniform(0, d); `equal` d/2 + uniform(0,
+    /// d/2); `proportional` d × (1 ± ratio).
     pub kind: JitterKind,
     /// For `proportional`: the delay is drawn from `d × (1 ± ratio)`, in (0, 1].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -173,7 +191,7 @@ pub struct Jitter {
     pub ratio: Option<f64>,
 }
 
-/// Jitter kinds.
+// Jitter kinds, described on `Jitter::kind`.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum JitterKind {
@@ -196,6 +214,8 @@ pub enum JitterKind {
     validation = crate::spec::rules::QUEUE_ONLY_FOR_DEAD_LETTER.to_rule()
 )]
 pub struct Terminal {
+    /// `deadLetter` moves the job to `deadLetterQueue`; `drop` (default) leaves it to the job
+    /// library's own failed state.
     pub action: TerminalAction,
     /// Where dead-lettered jobs go; required with `deadLetter`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,7 +223,7 @@ pub struct Terminal {
     pub dead_letter_queue: Option<String>,
 }
 
-/// Terminal actions.
+// Terminal actions, described on `Terminal::action`.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum TerminalAction {
@@ -231,17 +251,31 @@ pub struct RetryPolicyStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// The condition's type, CamelCase (`Ready`, `Reconciling`, `Stalled`).
     #[serde(rename = "type")]
+    #[schemars(length(max = 316), regex(pattern = CONDITION_TYPE_PATTERN))]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
+    #[schemars(extend("enum" = ["True", "False", "Unknown"]))]
     pub status: String,
+    /// A CamelCase word for why the condition is what it is.
+    #[schemars(length(min = 1, max = 1024), regex(pattern = CONDITION_REASON_PATTERN))]
     pub reason: String,
+    /// What a person should know, in a sentence.
+    #[schemars(length(max = 32768))]
     pub message: String,
+    /// The `.metadata.generation` the condition was set for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
-    /// RFC 3339; changes only when `status` flips.
+    /// When `status` last flipped (RFC 3339).
+    #[schemars(extend("format" = "date-time"))]
     pub last_transition_time: String,
 }
+
+/// `metav1.Condition`'s own patterns, so the schema is the standard one.
+const CONDITION_TYPE_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$";
+const CONDITION_REASON_PATTERN: &str = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$";
 
 /// The resolved schedule, for people reading `kubectl get`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

@@ -37,6 +37,9 @@ const LOG_EVERY_MS = 60000;
 /** A deadline for answering when even the fallback fails (it should not): 5 s. */
 const LAST_RESORT_DELAY_MS = 5000;
 
+/** What a call on a channel in TRANSIENT_FAILURE would fail with. */
+const CHANNEL_DOWN = Object.freeze({ code: grpc.status.UNAVAILABLE, details: 'channel in TRANSIENT_FAILURE' });
+
 const OUTCOME = {
   GIVE_UP_REASON_MAX_ATTEMPTS: 'give_up_max_attempts',
   GIVE_UP_REASON_DEADLINE: 'give_up_deadline',
@@ -235,6 +238,7 @@ class Rebound extends EventEmitter {
     this.noteQueue(f.queue);
     let answer;
     try {
+      if (this.client.down()) throw CHANNEL_DOWN;
       const res = await this.client.decide({
         queue: f.queue,
         attempt: f.attempt,

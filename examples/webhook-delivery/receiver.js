@@ -27,12 +27,13 @@ function planOf(seed, eventId, { goneRate = 0.03, downRate = 0.05 } = {}) {
 }
 
 /**
- * createReceiver({seed, failRate, acceptThenHangRate, tooManyRate, hangMs, retryAfter})
+ * createReceiver({port, seed, failRate, acceptThenHangRate, tooManyRate, hangMs, retryAfter})
  * → {url, requests, applied, close()}. `requests` lists every request in arrival order
  * ({key, eventId, n, outcome, t}); `applied` maps key → the event applied for it.
  */
 async function createReceiver(options = {}) {
   const o = {
+    port: 0,
     seed: 'rebound', failRate: 0.2, acceptThenHangRate: 0.1, tooManyRate: 0.1, hangMs: 600, retryAfter: '1', ...options,
   };
   const requests = [];
@@ -99,7 +100,7 @@ async function createReceiver(options = {}) {
       }
     });
   });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise((resolve) => server.listen(o.port, '127.0.0.1', resolve));
   return {
     url: `http://127.0.0.1:${server.address().port}/hooks`,
     seed: o.seed,
@@ -115,3 +116,12 @@ async function createReceiver(options = {}) {
 }
 
 module.exports = { createReceiver, planOf };
+
+// node receiver.js [PORT]: prints its URL, then one JSON line per request.
+if (require.main === module) {
+  createReceiver({ port: Number(process.argv[2] || 0) }).then((r) => {
+    console.log(r.url);
+    const push = r.requests.push.bind(r.requests);
+    r.requests.push = (x) => (console.log(JSON.stringify(x)), push(x));
+  });
+}

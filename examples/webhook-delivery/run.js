@@ -18,12 +18,14 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
  * Runs `count` deliveries against a new receiver. Resolves to a report:
- * {sent: [{key, eventId}], requests, applied, decisions, deadLetters, deadJobs, delivered,
- *  durationMs, metrics, receiverOptions}.
+ * {sent: [{key, eventId}], attempts (what the worker saw), requests (what the receiver
+ *  saw), applied, decisions, deadLetters, deadJobs, delivered, durationMs, metrics,
+ *  receiverOptions, counts}.
  */
-async function runDelivery({ redisUrl, target, count = 300, seed = 'rebound', receiver: receiverOptions = {}, timeoutMs = 300, settleTimeoutMs = 120_000 }) {
+async function runDelivery({ redisUrl, target, count = 300, seed = 'rebound', receiver: receiverOptions = {}, timeoutMs = 1000, deadlineMs, settleTimeoutMs = 180_000 }) {
   const receiver = await createReceiver({ seed, hangMs: 2 * timeoutMs, ...receiverOptions });
-  const rebound = createRebound({ target, errorClass, logger: false });
+  const rebound = createRebound({ target, errorClass, logger: false, deadlineMs });
+  const attempts = [];
   const decisions = [];
   const deadLetters = [];
   const delivered = new Set();
@@ -33,7 +35,7 @@ async function runDelivery({ redisUrl, target, count = 300, seed = 'rebound', re
   const dead = new Queue(DEAD, { connection: connection(redisUrl) });
   await queue.obliterate({ force: true }); // a fresh run, also when the demo is run again
   await dead.obliterate({ force: true });
-  const { worker } = startWorker({ redisUrl, rebound, timeoutMs });
+  const { worker } = startWorker({ redisUrl, rebound, timeoutMs, onAttempt: (a) => attempts.push(a) });
   worker.on('completed', (job) => delivered.add(String(job.id)));
   try {
     const started = Date.now();
@@ -51,6 +53,7 @@ async function runDelivery({ redisUrl, target, count = 300, seed = 'rebound', re
     const deadJobs = (await dead.getJobs(['wait', 'paused', 'delayed', 'prioritized'])).map((j) => ({ id: j.id, name: j.name, data: j.data }));
     return {
       sent,
+      attempts,
       requests: receiver.requests.slice(),
       applied: new Map(receiver.applied),
       decisions,
@@ -71,15 +74,18 @@ async function runDelivery({ redisUrl, target, count = 300, seed = 'rebound', re
   }
 }
 
-const OUTCOME = {
-  failed: '503',
-  'too-many': '429 Retry-After',
-  'accepted-then-hung': 'timed out (the receiver had applied it)',
-  gone: '410 gone',
-  down: '503 (endpoint down)',
-  applied: 'delivered',
-  duplicate: 'duplicate, acknowledged',
-};
+/** One attempt as the worker saw it, with what the receiver did with it. */
+function attemptText(seen, request) {
+  if (!seen) return 'not run';
+  if (seen.errorClass === 'Timeout') {
+    return request && ['accepted-then-hung', 'applied'].includes(request.outcome) ? 'timed out (the receiver had applied it)' : 'timed out';
+  }
+  if (seen.status === 200) return request?.outcome === 'duplicate' ? 'duplicate, acknowledged' : 'delivered';
+  if (seen.status === 429) return '429 Retry-After';
+  if (seen.status === 410) return '410 gone';
+  if (seen.status) return request?.outcome === 'down' ? `${seen.status} (endpoint down)` : String(seen.status);
+  return seen.errorClass;
+}
 
 /** What happened, for people: a few events attempt by attempt, then the totals. */
 function describe(report, { show = 8 } = {}) {
@@ -87,12 +93,14 @@ function describe(report, { show = 8 } = {}) {
   const byKey = (list, field = 'key') => list.reduce((m, x) => m.set(x[field], [...(m.get(x[field]) || []), x]), new Map());
   const requests = byKey(report.requests);
   const decisions = byKey(report.decisions, 'jobId');
+  const attempts = byKey(report.attempts);
   const story = (s) => {
     const reqs = requests.get(s.key) || [];
-    const ds = (decisions.get(s.key) || []).sort((a, b) => a.attempt - b.attempt);
-    const parts = reqs.map((r, i) => {
-      const d = ds[i];
-      let text = `${r.n}: ${OUTCOME[r.outcome]}`;
+    const ds = decisions.get(s.key) || [];
+    const seen = (attempts.get(s.key) || []).sort((a, b) => a.attempt - b.attempt);
+    const parts = seen.map((a) => {
+      const d = ds.find((x) => x.attempt === a.attempt);
+      let text = `${a.attempt}: ${attemptText(a, reqs.find((r) => r.n === a.attempt))}`;
       if (d?.decision === 'DECISION_RETRY') text += ` → retry in ${d.delayMs} ms`;
       if (d?.decision === 'DECISION_GIVE_UP') text += ` → ${d.reasonMessage || d.reason} → ${d.deadLetterQueue || 'dropped'}`;
       return text;

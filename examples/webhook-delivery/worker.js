@@ -33,23 +33,33 @@ function errorClass(err) {
 }
 
 /**
- * Starts the worker. `rebound` defaults to a new adapter for REBOUND_TARGET. Returns the
- * BullMQ Worker and the adapter.
+ * Starts the worker. `rebound` defaults to a new adapter for REBOUND_TARGET; `onAttempt`
+ * is told what each attempt saw ({key, attempt, status, errorClass}). Returns the BullMQ
+ * Worker and the adapter.
  */
-function startWorker({ redisUrl, rebound, timeoutMs = 300, concurrency = 16 } = {}) {
+function startWorker({ redisUrl, rebound, timeoutMs = 1000, concurrency = 16, onAttempt = () => {} } = {}) {
   rebound ||= createRebound({ errorClass });
   const worker = new Worker(
     QUEUE,
     async (job) => {
-      const res = await fetch(job.data.url, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'idempotency-key': keyOf(job) },
-        body: JSON.stringify(job.data.event),
-        signal: AbortSignal.timeout(timeoutMs),
-      });
-      await res.arrayBuffer();
-      if (!res.ok) throw deliveryError(res);
-      return { status: res.status };
+      const seen = { key: keyOf(job), attempt: job.attemptsMade + 1, status: 0, errorClass: '' };
+      try {
+        const res = await fetch(job.data.url, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'idempotency-key': keyOf(job) },
+          body: JSON.stringify(job.data.event),
+          signal: AbortSignal.timeout(timeoutMs),
+        });
+        await res.arrayBuffer();
+        seen.status = res.status;
+        if (!res.ok) throw deliveryError(res);
+        return { status: res.status };
+      } catch (err) {
+        seen.errorClass = errorClass(err);
+        throw err;
+      } finally {
+        onAttempt(seen);
+      }
     },
     { connection: connection(redisUrl), concurrency, settings: rebound.bullmq.settings() },
   );

@@ -106,8 +106,10 @@ async function waitFor(what, fn, { timeoutMs = 60_000, intervalMs = 20 } = {}) {
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastErr ? `: ${lastErr.message}` : ''}`);
 }
 
-// Processes started by this test process, killed on exit whatever happens.
+// Processes started by this test process, killed on exit whatever happens; the Redis
+// servers (daemons, not children) of stacks not stopped are stopped by their script.
 const children = new Set();
+const redisDirs = new Set();
 process.on('exit', () => {
   for (const child of children) {
     try {
@@ -116,7 +118,15 @@ process.on('exit', () => {
       /* already gone */
     }
   }
+  for (const dir of redisDirs) {
+    try {
+      execFileSync(path.join(REPO, 'dev/redis.sh'), ['down', dir], { stdio: 'ignore' });
+    } catch {
+      /* best effort */
+    }
+  }
 });
+for (const signal of ['SIGINT', 'SIGTERM']) process.once(signal, () => process.exit(128 + (signal === 'SIGINT' ? 2 : 15)));
 
 /** A long-running program with its output in a log file; stopped by PID. */
 class Proc {
@@ -267,6 +277,7 @@ class Stack {
     s.kubectl(['label', 'namespace', s.namespace, 'rebound.dev/test=node-e2e']);
     s.kubectl(['-n', s.namespace, 'apply', '-f', '-'], { input: sidecarRbac(s.namespace) });
 
+    redisDirs.add(path.join(s.dir, 'redis'));
     s.redisUrl = lastLine(run(path.join(REPO, 'dev/redis.sh'), ['up', path.join(s.dir, 'redis')]));
 
     s.operatorMetricsPort = await freePort();
@@ -312,6 +323,11 @@ class Stack {
   /** SIGKILL (or `signal`) the sidecar, as a crashed or OOM-killed container. */
   async killSidecar(signal = 'SIGKILL') {
     return this.sidecarProc.stop(signal);
+  }
+
+  /** Sends a signal without waiting (SIGSTOP freezes the sidecar: calls then time out). */
+  signalSidecar(signal) {
+    process.kill(this.sidecarProc.pid, signal);
   }
 
   async sidecarMetrics() {
@@ -365,6 +381,7 @@ class Stack {
     await Promise.all([this.sidecarProc?.stop(), this.operator?.stop()]);
     try {
       run(path.join(REPO, 'dev/redis.sh'), ['down', path.join(this.dir, 'redis')]);
+      redisDirs.delete(path.join(this.dir, 'redis'));
     } catch (e) {
       console.error(e.message);
     }

@@ -6,7 +6,7 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const { Queue } = require('bullmq');
-const { Stack, Events, retryPolicy, sleep } = require('./harness');
+const { Stack, Events, retryPolicy, sleep, waitFor } = require('./harness');
 const { startWorker, redisConnection } = require('./fixtures/worker');
 
 const QUEUE = 'flaky';
@@ -20,12 +20,13 @@ const events = new Events();
 
 before(async () => {
   stack = await Stack.start('failover');
-  await stack.applyPolicy(retryPolicy('flaky', {
-    queues: [QUEUE],
+  const spec = (queue) => ({
+    queues: [queue],
     backoff: { strategy: 'exponential', base: '20ms', multiplier: 2, cap: '150ms', jitter: { kind: 'full' } },
     maxAttempts: MAX_ATTEMPTS,
-    terminal: { action: 'deadLetter', deadLetterQueue: 'flaky-dead' },
-  }));
+    terminal: { action: 'deadLetter', deadLetterQueue: `${queue}-dead` },
+  });
+  await stack.applyPolicy([retryPolicy('flaky', spec(QUEUE)), retryPolicy('frozen', spec('frozen'))].join('\n---\n'));
   queue = new Queue(QUEUE, { connection: redisConnection(stack.redisUrl) });
   dead = new Queue('flaky-dead', { connection: redisConnection(stack.redisUrl) });
   worker = await startWorker(
@@ -105,4 +106,49 @@ test('sidecar killed mid-run: fallback answers equal the sidecar, nothing stuck 
   assert.equal(m.hookErrors, 0);
   assert.equal(m.fallback.total, fallbackAnswers.length);
   t.diagnostic(`${events.of('decision').length} answers: ${fallbackAnswers.length} from the fallback (causes ${JSON.stringify(m.fallback)})`);
+});
+
+test('sidecar frozen (SIGSTOP): answers past the deadline come from the fallback, equal, then from the sidecar again', async (t) => {
+  const frozenEvents = new Events();
+  const w = await startWorker(
+    { lib: 'bullmq', redisUrl: stack.redisUrl, target: stack.sidecar.uds, queues: ['frozen'], concurrency: 8, rebound: { deadlineMs: 200 } },
+    frozenEvents.push,
+  );
+  const q = new Queue('frozen', { connection: redisConnection(stack.redisUrl) });
+  t.after(async () => {
+    if (stack.sidecarProc.alive()) stack.signalSidecar('SIGCONT');
+    await w.close();
+    await q.close();
+  });
+  const frozenKeys = [];
+  const add = async (n) => {
+    for (let i = 0; i < n; i++) {
+      const key = `frozen-${frozenKeys.length}`;
+      frozenKeys.push(key);
+      await w.rebound.bullmq.add(q, 'job', { failRuns: 3 }, { key });
+    }
+  };
+  await add(8);
+  await frozenEvents.until('sidecar answers', (e) => e.of('decision').filter((d) => d.source === 'sidecar').length >= 5);
+  stack.signalSidecar('SIGSTOP');
+  const stoppedAt = Date.now();
+  await add(8);
+  await frozenEvents.until('answers past the deadline', (e) => e.of('fallback').filter((f) => f.cause === 'deadline_exceeded').length >= 8);
+  stack.signalSidecar('SIGCONT');
+  const resumedAt = Date.now();
+  await add(4);
+  const back = await frozenEvents.until('the sidecar answering again', (e) => e.of('decision').find((d) => d.t > resumedAt && d.source === 'sidecar'));
+  await waitFor('every frozen job to complete', async () => {
+    for (const k of frozenKeys) if ((await q.getJobState(k)) !== 'completed') return false;
+    return true;
+  });
+  const fallbacks = frozenEvents.of('decision').filter((d) => d.source === 'fallback');
+  for (const f of fallbacks) {
+    const a = await w.rebound.decide({ queue: 'frozen', attempt: f.attempt, jobId: f.jobId, errorClass: 'TransientError' });
+    assert.equal(a.source, 'sidecar');
+    assert.equal(a.delayMs, f.delayMs, `${f.jobId} attempt ${f.attempt}`);
+    assert.equal(a.decision, f.decision);
+  }
+  assert.ok(fallbacks.every((f) => f.t >= stoppedAt));
+  t.diagnostic(`${fallbacks.length} answers from the fallback while frozen; sidecar again ${back.t - resumedAt} ms after SIGCONT`);
 });

@@ -94,16 +94,19 @@ for (const lib of ['bullmq', 'bull']) {
     const a = spawnWorker();
     await a.ready;
     await events.until('retries scheduled by worker 0', (e) => e.of('decision').filter((d) => d.worker === 0 && d.decision === 'DECISION_RETRY').length >= 6);
-    const delayedAtKill = await queue.getDelayedCount();
+    await waitFor('a retry waiting in the delayed set', async () => (await queue.getDelayedCount()) > 0, { intervalMs: 5 });
     await sigkill(a.child);
+    // Counted after the kill: with no worker alive, nothing moves them.
+    const delayedAtKill = await queue.getDelayedCount();
 
     // 2. Killed in the middle of runs: jobs are active, locked by a dead worker.
     const b = spawnWorker();
     await b.ready;
     await events.until('worker 1 running jobs', (e) => e.of('run').filter((r) => r.worker === 1).length >= 6);
-    const activeAtKill = await queue.getActiveCount();
+    await waitFor('a job in the middle of a run', async () => (await queue.getActiveCount()) > 0, { intervalMs: 5 });
     await sigkill(b.child);
-    t.diagnostic(`killed worker 0 with ${delayedAtKill} jobs delayed, worker 1 with ${activeAtKill} jobs active`);
+    const activeAtKill = await queue.getActiveCount();
+    t.diagnostic(`killed worker 0 leaving ${delayedAtKill} jobs delayed, worker 1 leaving ${activeAtKill} jobs active`);
     assert.ok(delayedAtKill > 0, 'worker 0 died between a failure and its retry');
     assert.ok(activeAtKill > 0, 'worker 1 died during runs');
 

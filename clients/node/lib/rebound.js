@@ -34,7 +34,7 @@ const MAX_JOB_ID_BYTES = 512;
 const MAX_ERROR_CLASS_BYTES = 253;
 /** Fallback log lines: at most one per queue and cause in this many ms. */
 const LOG_EVERY_MS = 60000;
-/** A deadline for answering when even the fallback fails (it should not): 5 s. */
+/** The delay answered when even the fallback fails (it should not): retry in 5 s. */
 const LAST_RESORT_DELAY_MS = 5000;
 
 /** What a call on a channel in TRANSIENT_FAILURE would fail with. */
@@ -153,8 +153,14 @@ function checkOptions(o) {
     for (const f of ['scheduleMs', 'nonRetryableErrors']) {
       if (!Array.isArray(p[f])) throw new TypeError(`defaultPolicy.${f}: must be an array`);
     }
-    preparePolicy(p, DEFAULT_IDENTITY);
-    decidePrepared(preparePolicy(p, DEFAULT_IDENTITY), 1, { jobId: 'check' });
+    for (const f of ['strategy', 'jitter', 'terminal']) {
+      if (typeof p[f] !== 'string') throw new TypeError(`defaultPolicy.${f}: must be a proto enum value name`);
+    }
+    try {
+      decidePrepared(preparePolicy(p, DEFAULT_IDENTITY), 1, { jobId: 'check' });
+    } catch (e) {
+      throw new TypeError(`defaultPolicy.${String(e.message).replace(/^policy\./, '')}`);
+    }
   }
 }
 

@@ -41,8 +41,7 @@ function createBullAdapter(rebound) {
           jobId,
           attemptsMade,
           err,
-          name: options && options.name,
-          data: undefined,
+          // name and data are read from Redis only if the job is dead-lettered
           redis: jobId === '' ? null : bullJobHash(queue, jobId),
           async deadLetter(dlq, dlqJobId, payload) {
             // The hook sees no job: read its name and data from Redis.

@@ -60,6 +60,15 @@ class AdvisorClient {
     return this.call('Decide', request);
   }
 
+  /**
+   * True while the channel is in TRANSIENT_FAILURE: a call would fail at once with
+   * UNAVAILABLE (calls do not wait for ready), so the caller can skip it. Asking also
+   * kicks a reconnection attempt, so the channel comes back as soon as the sidecar does.
+   */
+  down() {
+    return this.stub.getChannel().getConnectivityState(true) === grpc.connectivityState.TRANSIENT_FAILURE;
+  }
+
   getPolicy(queue) {
     return this.call('GetPolicy', { queue });
   }

@@ -76,10 +76,12 @@ async function runHook(rebound, spec) {
     const memKey = `${queue}\u0000${jobId}`;
     let ff;
     try {
-      ff =
-        jobId === ''
-          ? undefined
-          : await withTimeout(firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now), REDIS_TIMEOUT_MS, 'first failure');
+      const known = rebound.firstFailures.get(memKey);
+      if (jobId === '') ff = undefined;
+      else if (known && attempt >= known.attempt) ff = known.ms; // no Redis round trip
+      else {
+        ff = await withTimeout(firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now), REDIS_TIMEOUT_MS, 'first failure');
+      }
     } catch (e) {
       rebound.hookError(queue, jobId, 'firstFailure', e);
     }

@@ -34,8 +34,11 @@ const MAX_JOB_ID_BYTES = 512;
 const MAX_ERROR_CLASS_BYTES = 253;
 /** Fallback log lines: at most one per queue and cause in this many ms. */
 const LOG_EVERY_MS = 60000;
-/** A deadline for answering when even the fallback fails (it should not): 5 s. */
+/** The delay answered when even the fallback fails (it should not): retry in 5 s. */
 const LAST_RESORT_DELAY_MS = 5000;
+
+/** What a call on a channel in TRANSIENT_FAILURE would fail with. */
+const CHANNEL_DOWN = Object.freeze({ code: grpc.status.UNAVAILABLE, details: 'channel in TRANSIENT_FAILURE' });
 
 const OUTCOME = {
   GIVE_UP_REASON_MAX_ATTEMPTS: 'give_up_max_attempts',
@@ -150,8 +153,14 @@ function checkOptions(o) {
     for (const f of ['scheduleMs', 'nonRetryableErrors']) {
       if (!Array.isArray(p[f])) throw new TypeError(`defaultPolicy.${f}: must be an array`);
     }
-    preparePolicy(p, DEFAULT_IDENTITY);
-    decidePrepared(preparePolicy(p, DEFAULT_IDENTITY), 1, { jobId: 'check' });
+    for (const f of ['strategy', 'jitter', 'terminal']) {
+      if (typeof p[f] !== 'string') throw new TypeError(`defaultPolicy.${f}: must be a proto enum value name`);
+    }
+    try {
+      decidePrepared(preparePolicy(p, DEFAULT_IDENTITY), 1, { jobId: 'check' });
+    } catch (e) {
+      throw new TypeError(`defaultPolicy.${String(e.message).replace(/^policy\./, '')}`);
+    }
   }
 }
 
@@ -235,6 +244,7 @@ class Rebound extends EventEmitter {
     this.noteQueue(f.queue);
     let answer;
     try {
+      if (this.client.down()) throw CHANNEL_DOWN;
       const res = await this.client.decide({
         queue: f.queue,
         attempt: f.attempt,

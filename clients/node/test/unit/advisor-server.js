@@ -8,9 +8,10 @@ const { loadPackage } = require('../../lib/client');
 /**
  * behaviour: { decide(req) → answer | {error: {code, details}} | {sleepMs},
  *              getPolicy(req) → answer | {error} }
+ * `port`: bind this port again (a sidecar restarted on its address); default a free one.
  * Resolves to { target, requests: {Decide: [], GetPolicy: []}, close() }.
  */
-async function startAdvisor(behaviour, { uds } = {}) {
+async function startAdvisor(behaviour, { uds, port: fixedPort } = {}) {
   const pkg = loadPackage();
   const server = new grpc.Server();
   const requests = { Decide: [], GetPolicy: [] };
@@ -28,7 +29,7 @@ async function startAdvisor(behaviour, { uds } = {}) {
     GetPolicy: handler('GetPolicy', behaviour.getPolicy || (() => ({ error: { code: grpc.status.NOT_FOUND, details: 'queue: none' } }))),
     DecideBatch: (call, cb) => cb({ code: grpc.status.UNIMPLEMENTED }),
   });
-  const address = uds ? `unix://${uds}` : '127.0.0.1:0';
+  const address = uds ? `unix://${uds}` : `127.0.0.1:${fixedPort || 0}`;
   const port = await new Promise((resolve, reject) =>
     server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
   );

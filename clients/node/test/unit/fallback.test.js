@@ -218,3 +218,27 @@ test('every vector through the adapter fallback: GetPolicy then NOT_SERVING give
     await server.close();
   }
 });
+
+test('the sidecar back on its port: answers come from it again', async () => {
+  const answer = { decision: 'DECISION_RETRY', delay_ms: '4321', policy: { name: 'p', namespace: 'ns', generation: '1', config_hash: 'sha256:d' } };
+  let server = await startAdvisor({ decide: () => answer });
+  const port = Number(server.target.split(':').pop());
+  const rebound = createRebound({ target: server.target, logger: false });
+  try {
+    assert.equal((await rebound.decide({ queue: 'q', attempt: 1, jobId: 'j' })).source, 'sidecar');
+    server.forceClose();
+    // Down: every answer from the fallback.
+    const { eventually } = require('./redis');
+    await eventually(async () => (await rebound.decide({ queue: 'q', attempt: 1, jobId: 'j' })).source === 'fallback', 10000, 'fallback');
+    // Back on the same port: the channel reconnects without a restart of the worker.
+    server = await startAdvisor({ decide: () => answer }, { port });
+    const back = await eventually(async () => {
+      const a = await rebound.decide({ queue: 'q', attempt: 1, jobId: 'j' });
+      return a.source === 'sidecar' && a;
+    }, 10000, 'the sidecar again');
+    assert.equal(back.delayMs, 4321);
+  } finally {
+    await rebound.close();
+    server.forceClose();
+  }
+});

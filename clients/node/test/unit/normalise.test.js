@@ -107,6 +107,8 @@ test('options are checked and name the field', () => {
   assert.throws(() => createRebound({ target: 'http://x' }), /^TypeError: target:/);
   assert.throws(() => createRebound({ errorClass: 'Code' }), /^TypeError: errorClass:/);
   assert.throws(() => createRebound({ defaultPolicy: { baseMs: 1 } }), /^TypeError: defaultPolicy\.capMs:/);
+  const { DEFAULT_POLICY } = require('../..');
+  assert.throws(() => createRebound({ defaultPolicy: { ...DEFAULT_POLICY, strategy: 'STRATEGY_FAST' } }), /^TypeError: defaultPolicy\.strategy:/);
 });
 
 test('a Unix socket target: Decide and GetPolicy answered over it', async () => {

@@ -1,0 +1,56 @@
+'use strict';
+// Against a real rebound-sidecar on the example policies: every answer of the local
+// fallback (the policy fetched with GetPolicy, decideLocal) equals the sidecar's for the
+// same question. Uses REBOUND_SIDECAR, else the repository's target/{release,debug} build;
+// skipped when none is built (the end-to-end suite builds and runs one).
+const { test } = require('node:test');
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { createRebound, decideLocal } = require('../..');
+const { REPO } = require('./helpers');
+const { closedPort } = require('./advisor-server');
+const { eventually } = require('./redis');
+
+const BIN = [process.env.REBOUND_SIDECAR, ...['release', 'debug'].map((p) => path.join(REPO, 'target', p, 'rebound-sidecar'))].find(
+  (p) => p && fs.existsSync(p),
+);
+
+test('the fallback answers exactly like a real sidecar', { skip: !BIN && 'no rebound-sidecar binary built' }, async () => {
+  const dir = path.join(REPO, 'examples', 'policies');
+  const files = fs.readdirSync(dir).filter((f) => f.endsWith('.yaml')).flatMap((f) => ['--policies-file', path.join(dir, f)]);
+  const port = await closedPort();
+  const child = spawn(BIN, [...files, '--namespace', 'unit', '--listen', `127.0.0.1:${port}`, '--no-admin'], { stdio: 'ignore' });
+  const rebound = createRebound({ target: `127.0.0.1:${port}`, logger: false, deadlineMs: 2000 });
+  try {
+    await eventually(async () => (await rebound.decide({ queue: 'webhooks', attempt: 1, jobId: 'up' })).source === 'sidecar', 20000, 'sidecar up');
+    const fallbacksBefore = rebound.metrics().fallback.total; // while it started
+    let compared = 0;
+    for (const queue of ['webhooks', 'webhooks-eu', 'email', 'newsletter', 'payments.charge', 'anything-else']) {
+      const { policy, resolved } = await rebound.policy(queue);
+      for (let j = 0; j < 40; j++) {
+        for (const attempt of [1, 2, 3, 5, 8, 12, 25, 30]) {
+          const jobId = `job-${j}-ü`;
+          const errorClass = j % 7 === 0 ? 'HardBounce' : 'http.503';
+          const retryAfterMs = j % 5 === 0 ? 4000 : undefined;
+          const a = await rebound.decide({ queue, attempt, jobId, errorClass, retryAfterMs });
+          assert.equal(a.source, 'sidecar');
+          const local = decideLocal(resolved, `${policy.namespace}/${policy.name}`, attempt, { jobId, errorClass, retryAfterMs });
+          assert.deepEqual(
+            [a.decision, a.delayMs, a.disposition, a.deadLetterQueue, a.reason, a.reasonMessage],
+            [local.decision, local.delayMs, local.disposition, local.deadLetterQueue, local.reason, local.reasonMessage],
+            `${queue} ${jobId} attempt ${attempt}`,
+          );
+          compared++;
+        }
+      }
+    }
+    assert.equal(compared, 6 * 40 * 8);
+    assert.equal(rebound.metrics().fallback.total, fallbacksBefore);
+  } finally {
+    await rebound.close();
+    child.kill('SIGTERM');
+  }
+});

@@ -14,6 +14,7 @@
 //! ```
 
 pub mod cluster;
+pub mod helm;
 
 pub use cluster::{
     Cluster, CmdOutput, DedicatedCluster, FIELD_MANAGER, TestEnv, client_from_kubeconfig, crds_dir,

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds the images (dev/build-images.sh) and checks what is in them: the OCI config
+# (numeric user, entrypoint, no Cmd, OCI labels), one layer holding exactly the binary
+# (no shell, nothing else), a static binary without a dynamic section, and the size. When a
+# daemonless runtime works here (podman with crun), runs each image's binary; otherwise
+# runs the binary extracted from the image. Prints a figure line per image and
+# "N passed, N failed" last.
+#
+# Usage: dev/test-images.sh [BUILD_DIR]     (default: target/images)
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+build_dir="$(dev/build-images.sh "${1:-}" | tail -n 1)"
+version="$(awk -F'"' '/^\[workspace.package\]/ { p = 1 } p && $1 ~ /^version *= */ { print $2; exit }' Cargo.toml)"
+registry="${REBOUND_IMAGE_REGISTRY:-ghcr.io/rebound-dev}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+passed=0
+failed=0
+check() {
+  local what="$1"
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "ok: $what"
+  else
+    failed=$((failed + 1))
+    echo "FAILED: $what"
+  fi
+}
+
+# The runtime is usable if podman can run anything at all here.
+runtime=0
+if command -v podman >/dev/null && command -v crun >/dev/null; then
+  runtime=1
+fi
+
+for component in operator sidecar; do
+  name="rebound-$component"
+  archive="$build_dir/$name-$version.oci.tar"
+  dir="$work/$component"
+  mkdir -p "$dir/oci" "$dir/rootfs"
+  tar -xf "$archive" -C "$dir/oci"
+  # Structured checks of the OCI layout, config and layer listing.
+  check "$name: OCI config, labels and layer" python3 - "$dir/oci" "$dir/rootfs" "$name" "$version" "$registry/$name:$version" <<'PY'
+import json, os, sys, tarfile
+oci, rootfs, name, version, ref = sys.argv[1:]
+def blob(digest):
+    algo, hexd = digest.split(":", 1)
+    return os.path.join(oci, "blobs", algo, hexd)
+index = json.load(open(os.path.join(oci, "index.json")))
+manifests = index["manifests"]
+assert len(manifests) == 1, manifests
+m = manifests[0]
+assert m["annotations"]["org.opencontainers.image.ref.name"] == ref, m["annotations"]
+manifest = json.load(open(blob(m["digest"])))
+assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json", manifest["mediaType"]
+config = json.load(open(blob(manifest["config"]["digest"])))
+c = config["config"]
+assert config["os"] == "linux" and config["architecture"] == "amd64", config
+assert c["User"] == "65532:65532", c.get("User")
+assert c["Entrypoint"] == [f"/{name}"], c.get("Entrypoint")
+assert not c.get("Cmd"), c.get("Cmd")
+labels = c["Labels"]
+for key, want in [("title", name), ("version", version), ("licenses", "Apache-2.0")]:
+    assert labels[f"org.opencontainers.image.{key}"] == want, (key, labels)
+for key in ["revision", "created", "source", "description"]:
+    assert labels.get(f"org.opencontainers.image.{key}"), key
+layers = manifest["layers"]
+assert len(layers) == 1, layers
+with tarfile.open(blob(layers[0]["digest"])) as t:
+    members = [x for x in t.getmembers() if x.name.strip("./")]
+    names = sorted(x.name.lstrip("./") for x in members)
+    assert names == [name], f"the layer holds {names}"
+    member = members[0]
+    assert member.isfile() and member.mode & 0o777 == 0o555, oct(member.mode)
+    t.extract(member, rootfs)
+size = os.path.getsize(blob(layers[0]["digest"]))
+total = size + os.path.getsize(blob(manifest["config"]["digest"])) + os.path.getsize(blob(m["digest"]))
+print(f"image {ref}: {total / 1048576:.1f} MiB ({layers[0]['mediaType'].rsplit('.', 1)[-1]} layer {size / 1048576:.1f} MiB)")
+PY
+  bin="$dir/rootfs/$name"
+  check "$name: static, no dynamic section" bash -c "! readelf -d '$bin' 2>/dev/null | grep -q 'Dynamic section'"
+  check "$name: no interpreter" bash -c "! readelf -l '$bin' | grep -q 'INTERP'"
+  # clap prints "<name> <version>".
+  expected="$name $version"
+  if ((runtime)); then
+    got="$(podman run --rm --network=none --read-only --user 65532:65532 "oci-archive:$archive" --version 2>"$work/podman.err" || true)"
+    if [[ -z "$got" ]]; then
+      echo "note: podman could not run the image here: $(tail -n 1 "$work/podman.err")"
+      got="$("$bin" --version)"
+      echo "note: ran the binary extracted from the image instead"
+    else
+      echo "ran $name --version in the image with podman"
+    fi
+  else
+    got="$("$bin" --version)"
+    echo "note: no podman/crun; ran the binary extracted from the image"
+  fi
+  check "$name --version is '$expected' (got '$got')" test "$got" = "$expected"
+  check "$name --help exits 0" bash -c "'$bin' --help >/dev/null"
+done
+echo "images: $passed passed, $failed failed"
+((failed == 0))

@@ -19,4 +19,11 @@ trap cleanup EXIT
 dev/cluster-up.sh "$state" >/dev/null
 export REBOUND_CLUSTER_STATE_DIR="$state"
 
+# Charts (tests/tests/chart.rs, install_doc.rs) run the Helm that dev/build-helm.sh builds.
+REBOUND_HELM="$(dev/build-helm.sh | tail -n 1)/helm"
+export REBOUND_HELM
+
 cargo test --workspace --locked "$@"
+
+# Images: build both with buildah, inspect them, run them with podman (dev/test-images.sh).
+dev/test-images.sh

@@ -536,9 +536,9 @@ async fn pods_pass_pod_security_restricted() -> Result<()> {
     }
     ensure!(templates.len() >= 3, "no pod templates found");
     // A Pod that breaks `restricted` is refused, so the check can fail.
-    let mut privileged = templates[0].1.clone();
-    privileged["spec"]["containers"][0]["securityContext"]["privileged"] = json!(true);
-    templates.push(("privileged".to_owned(), privileged));
+    let mut root = templates[0].1.clone();
+    root["spec"]["securityContext"]["runAsNonRoot"] = json!(false);
+    templates.push(("root".to_owned(), root));
     let pods: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), &env.namespace);
     let dry_run = PostParams {
         dry_run: true,
@@ -550,8 +550,8 @@ async fn pods_pass_pod_security_restricted() -> Result<()> {
         pod["spec"] = template["spec"].clone();
         let pod: Pod = serde_json::from_value(pod).with_context(|| format!("the Pod of {what}"))?;
         match pods.create(&dry_run, &pod).await {
-            Ok(_) => ensure!(what != "privileged", "a privileged Pod was admitted"),
-            Err(kube::Error::Api(e)) if what == "privileged" => {
+            Ok(_) => ensure!(what != "root", "a Pod allowed to run as root was admitted"),
+            Err(kube::Error::Api(e)) if what == "root" => {
                 ensure!(e.code == 403 && e.reason == "Forbidden", "{e:?}");
             }
             Err(e) => return Err(e).with_context(|| format!("the Pod of {what}")),

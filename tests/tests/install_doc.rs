@@ -271,7 +271,10 @@ async fn the_install_page_works_as_written() -> Result<()> {
         .kubectl(["delete", "crd", "retrypolicies.rebound.dev", "--wait=true"])?
         .ok()?;
 
-    let helm_home = state.join("helm-home");
+    // Files of the test's own, outside the state dir that cluster-down.sh removes.
+    let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique_name("install-doc"));
+    std::fs::create_dir_all(&scratch)?;
+    let helm_home = scratch.join("helm-home");
     let kubectl_dir = cluster
         .kubectl_path()
         .parent()
@@ -344,7 +347,7 @@ async fn the_install_page_works_as_written() -> Result<()> {
         let watch: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), "team-a");
         if sidecar.is_none() && watch.get_opt("worker-watch").await?.is_some() {
             let admin = free_port()?;
-            let socket = state.join("rebound.sock");
+            let socket = scratch.join("rebound.sock");
             let listen = BTreeMap::from([
                 ("--admin-listen", admin.to_string()),
                 ("--uds", socket.to_string_lossy().into_owned()),

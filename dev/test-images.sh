@@ -38,9 +38,10 @@ runtime=0
 if command -v podman >/dev/null && command -v runc >/dev/null; then
   runtime=1
 fi
-podman_run=(podman --root "$build_dir/podman/root" --runroot "$build_dir/podman/run" --storage-driver vfs
-  --runtime runc --cgroup-manager cgroupfs run --rm --network=none --read-only
-  --ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+podman=(podman --root "$build_dir/podman/root" --runroot "$build_dir/podman/run" --storage-driver vfs
+  --runtime runc --cgroup-manager cgroupfs)
+limits=(--read-only --ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+podman_run=("${podman[@]}" run --rm --network=none "${limits[@]}")
 
 for component in operator sidecar; do
   name="rebound-$component"
@@ -103,5 +104,62 @@ PY
   check "$name --version is '$expected' (got '$got')" test "$got" = "$expected"
   check "$name --help exits 0" bash -c "'$bin' --help >/dev/null"
 done
+# The images serving, not only printing their version: the sidecar answers from a policy
+# file; with a cluster (dev/test.sh exports REBOUND_CLUSTER_STATE_DIR) the operator
+# reconciles a policy to Ready. Host network, loopback ports only.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+containers=()
+cleanup_containers() {
+  local c
+  for c in "${containers[@]}"; do
+    "${podman[@]}" rm -f "$c" >/dev/null 2>&1 || true
+  done
+  rm -rf "$work"
+}
+trap cleanup_containers EXIT
+run_detached=("${podman[@]}" run -d --network=host "${limits[@]}")
+sidecar_serves() {
+  local admin grpc name="rebound-sidecar-check-$$"
+  admin="$(free_port)"
+  grpc="$(free_port)"
+  containers+=("$name")
+  "${run_detached[@]}" --name "$name" -v "$repo_root/examples/policies:/policies:ro" \
+    "oci-archive:$build_dir/rebound-sidecar-$version.oci.tar" --policies-file=/policies/webhooks.yaml \
+    --listen="127.0.0.1:$grpc" --admin-listen="127.0.0.1:$admin" >/dev/null || return 1
+  local i
+  for i in $(seq 1 100); do
+    # The exact sample line: the gauge of the active state is 1.
+    if curl -sf "http://127.0.0.1:$admin/metrics" | grep -qx 'rebound_sidecar_config_state{state="active"} 1'; then
+      return 0
+    fi
+    sleep 0.3
+  done
+  "${podman[@]}" logs "$name" | tail -n 5
+  return 1
+}
+operator_reconciles() {
+  local state="$1" ns="images-$$-$RANDOM" name="rebound-operator-check-$$" metrics
+  metrics="$(free_port)"
+  # Readable by the image's user 65532.
+  chmod 755 "$work"
+  install -m 644 "$state/kubeconfig" "$work/kubeconfig"
+  kubectl --kubeconfig "$state/kubeconfig" create namespace "$ns" >/dev/null || return 1
+  containers+=("$name")
+  "${run_detached[@]}" --name "$name" -v "$work/kubeconfig:/kubeconfig:ro" -e KUBECONFIG=/kubeconfig \
+    "oci-archive:$build_dir/rebound-operator-$version.oci.tar" --namespaces="$ns" --leader-elect=false \
+    --metrics-addr="127.0.0.1:$metrics" >/dev/null || return 1
+  kubectl --kubeconfig "$state/kubeconfig" -n "$ns" apply -f "$repo_root/examples/policies/webhooks.yaml" >/dev/null &&
+    kubectl --kubeconfig "$state/kubeconfig" -n "$ns" wait --for=condition=Ready retrypolicy/webhooks --timeout=60s >/dev/null ||
+    { "${podman[@]}" logs "$name" | tail -n 5; return 1; }
+}
+if ((runtime)); then
+  check "rebound-sidecar image serves a policy file" sidecar_serves
+  if [[ -n "${REBOUND_CLUSTER_STATE_DIR:-}" && -f "$REBOUND_CLUSTER_STATE_DIR/kubeconfig" ]]; then
+    check "rebound-operator image reconciles a RetryPolicy to Ready" operator_reconciles "$REBOUND_CLUSTER_STATE_DIR"
+  else
+    echo "note: no REBOUND_CLUSTER_STATE_DIR: the operator image was not run against a cluster"
+  fi
+fi
+
 echo "images: $passed passed, $failed failed"
 ((failed == 0))

@@ -459,8 +459,14 @@ fn crd_chart_matches_the_generated_crd() -> Result<()> {
 fn default_rendering_matches_deploy() -> Result<()> {
     let chart = render_sets(&[])?;
     let mut deploy = Vec::new();
-    for file in ["deploy/rbac.yaml", "deploy/operator.yaml"] {
-        deploy.extend(yaml_documents(&repo_root().join(file))?);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("deploy"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|f| f.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    ensure!(!files.is_empty(), "deploy/ has no manifests");
+    for file in files {
+        deploy.extend(yaml_documents(&file)?);
     }
     deploy.retain(|o| o["kind"] != "Namespace");
     for want in &deploy {

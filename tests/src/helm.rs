@@ -50,7 +50,8 @@ impl Helm {
         if !path.is_file() {
             bail!("{} does not exist", path.display());
         }
-        let home = std::env::temp_dir().join(format!("rebound-helm-home-{}", std::process::id()));
+        // Helm's cache, config and data dirs for tests (git-ignored, shared by processes).
+        let home = repo_root().join("target/tmp/helm-home");
         std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
         Ok(Helm { path, home })
     }

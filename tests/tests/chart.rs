@@ -2,15 +2,21 @@
 //! the test matrix (`charts/*/ci/`), what the values schema rejects, what each setting
 //! renders, and the drift checks against `crds/` and `deploy/`.
 
+use std::collections::BTreeMap;
+use std::net::TcpListener;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod};
 use kube::api::PostParams;
 use rebound_tests::helm::{
     Helm, chart_dir, ci_values, find, manifests, object_key, schema_violations, template_failure,
 };
-use rebound_tests::{TestEnv, json_contains, repo_root, retry_policy_crd_file, yaml_documents};
+use rebound_tests::kubelet::{move_flags, resolve, start_as};
+use rebound_tests::{
+    TestEnv, json_contains, repo_root, retry_policy_crd_file, unique_name, yaml_documents,
+};
 use serde_json::{Value, json};
 
 const CHARTS: [&str; 2] = ["rebound-crds", "rebound"];
@@ -562,6 +568,122 @@ async fn pods_pass_pod_security_restricted() -> Result<()> {
             }
             Err(e) => return Err(e).with_context(|| format!("the Pod of {what}")),
         }
+    }
+    Ok(())
+}
+
+/// The operator as the chart's ServiceAccount, with only the RBAC the chart renders for
+/// watched namespaces (one RoleBinding each, nothing cluster-wide) and the chart's rendered
+/// arguments and environment: it reconciles the watched namespace's policy to Ready, holds
+/// its Lease in the release namespace, and cannot see the namespace it does not watch.
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_runs_as_the_chart_service_account_in_watched_namespaces() -> Result<()> {
+    let env = TestEnv::new("chart-op").await?;
+    let release_ns = env.namespace.as_str();
+    let watched = env
+        .cluster
+        .create_namespace(&env.client, "chart-watched")
+        .await?;
+    let other = env
+        .cluster
+        .create_namespace(&env.client, "chart-other")
+        .await?;
+    let release = unique_name("rb");
+    let out = Helm::get()?
+        .template(
+            &release,
+            &chart_dir("rebound"),
+            release_ns,
+            &[],
+            &[format!("watchNamespaces={{{watched}}}")],
+        )?
+        .ok()?;
+    // Everything but the Deployment, which nothing would run here: this test runs it.
+    let (deployments, rest): (Vec<Value>, Vec<Value>) = manifests(&out.stdout)?
+        .into_iter()
+        .partition(|o| o["kind"] == "Deployment");
+    ensure!(rest.iter().all(|o| o["kind"] != "ClusterRoleBinding"));
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": rest});
+    env.cluster
+        .kubectl_stdin(["apply", "-f", "-"], &list.to_string())?
+        .ok()?;
+
+    let pod_spec = &deployments.first().context("no Deployment")?["spec"]["template"]["spec"];
+    let sa = pod_spec["serviceAccountName"]
+        .as_str()
+        .context("no serviceAccountName")?;
+    let container: Container = serde_json::from_value(pod_spec["containers"][0].clone())?;
+    let pod = format!("{release}-operator-0");
+    let (args, vars) = resolve(&container, &pod, release_ns)?;
+    let metrics = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let args = move_flags(
+        args,
+        &BTreeMap::from([("--metrics-addr", metrics.to_string())]),
+        &[],
+    );
+    let op = start_as(
+        env.cluster,
+        "rebound-operator",
+        release_ns,
+        sa,
+        &args,
+        &vars,
+    )?;
+
+    let policy = repo_root().join("examples/policies/webhooks.yaml");
+    for ns in [&watched, &other] {
+        env.cluster
+            .kubectl(["-n", ns, "apply", "-f", &policy.to_string_lossy()])?
+            .ok()?;
+    }
+    env.cluster
+        .kubectl([
+            "-n",
+            &watched,
+            "wait",
+            "--for=condition=Ready",
+            "retrypolicy/webhooks",
+            "--timeout=60s",
+        ])?
+        .ok()
+        .with_context(|| op.log_tail())?;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(env.client.clone(), release_ns);
+    let lease = leases.get(&format!("{release}-operator")).await?;
+    ensure!(lease.spec.and_then(|s| s.holder_identity).as_deref() == Some(pod.as_str()));
+
+    // The unwatched namespace: no status, no ConfigMap, and no right to look.
+    let got = env
+        .cluster
+        .kubectl(["-n", &other, "get", "retrypolicy", "webhooks", "-o", "json"])?
+        .ok()?;
+    let got: Value = serde_json::from_str(&got.stdout)?;
+    ensure!(
+        got["status"].is_null(),
+        "the unwatched policy has a status: {}",
+        got["status"]
+    );
+    let configmaps: kube::Api<ConfigMap> = kube::Api::namespaced(env.client.clone(), &other);
+    ensure!(configmaps.get_opt("rebound-policies").await?.is_none());
+    let identity = format!("system:serviceaccount:{release_ns}:{sa}");
+    for (ns, verb, resource, expected) in [
+        (
+            watched.as_str(),
+            "watch",
+            "retrypolicies.rebound.dev",
+            "yes",
+        ),
+        (other.as_str(), "list", "retrypolicies.rebound.dev", "no"),
+        (watched.as_str(), "list", "configmaps", "no"),
+        (watched.as_str(), "get", "secrets", "no"),
+    ] {
+        let out = env
+            .cluster
+            .kubectl(["auth", "can-i", verb, resource, "-n", ns, "--as", &identity])?;
+        ensure!(
+            out.stdout.trim() == expected,
+            "can-i {verb} {resource} -n {ns}: {}",
+            out.stdout.trim()
+        );
     }
     Ok(())
 }

@@ -8,36 +8,15 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Container;
 use rebound_tests::helm::Helm;
+use rebound_tests::kubelet::{Running, move_flags, resolve, start_as};
 use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name};
-
-/// A process started for a Pod; killed when dropped.
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
 
 /// The shell commands of docs/install.md's `sh` blocks, one list per block.
 fn doc_blocks(text: &str) -> Vec<Vec<String>> {
@@ -67,22 +46,6 @@ fn doc_blocks(text: &str) -> Vec<Vec<String>> {
 
 fn free_port() -> Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// A binary of this workspace, next to the test executable's `deps/` directory.
-fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("test executable has no target dir")?;
-    let path = dir.join(name);
-    ensure!(
-        path.exists(),
-        "{} is missing: run `cargo test --workspace` (or `cargo build --bins`) first",
-        path.display()
-    );
-    Ok(path)
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
@@ -120,50 +83,6 @@ async fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<Option<T>>)
     }
 }
 
-/// What the kubelet would run for `container`: its arguments with `$(VAR)` expanded from
-/// its environment, and that environment with the downward API resolved for a Pod named
-/// `pod` in `namespace` on 127.0.0.1.
-fn resolve(
-    container: &Container,
-    pod: &str,
-    namespace: &str,
-) -> Result<(Vec<String>, BTreeMap<String, String>)> {
-    let mut env = BTreeMap::new();
-    for var in container.env.iter().flatten() {
-        let value = match (&var.value, &var.value_from) {
-            (Some(v), None) => v.clone(),
-            (None, Some(from)) => {
-                let path = from
-                    .field_ref
-                    .as_ref()
-                    .map(|f| f.field_path.as_str())
-                    .with_context(|| format!("env {} is not a fieldRef", var.name))?;
-                match path {
-                    "metadata.name" => pod.to_owned(),
-                    "metadata.namespace" => namespace.to_owned(),
-                    "status.podIP" => "127.0.0.1".to_owned(),
-                    other => bail!("env {}: no stand-in for {other}", var.name),
-                }
-            }
-            _ => bail!("env {} has neither value nor valueFrom", var.name),
-        };
-        env.insert(var.name.clone(), value);
-    }
-    let args = container
-        .args
-        .iter()
-        .flatten()
-        .map(|a| {
-            let mut a = a.clone();
-            for (k, v) in &env {
-                a = a.replace(&format!("$({k})"), v);
-            }
-            a
-        })
-        .collect();
-    Ok((args, env))
-}
-
 /// Starts `binary` as the Pod of `deployment` would run its `container`, as the Pod's
 /// service account; `listen` moves a flag's address (or path) elsewhere on this machine.
 async fn play_kubelet(
@@ -194,38 +113,8 @@ async fn play_kubelet(
         .with_context(|| format!("no {binary} container in {deployment}"))?;
     let pod = format!("{deployment}-0");
     let (args, env) = resolve(container, &pod, namespace)?;
-    let args: Vec<String> = args
-        .into_iter()
-        .map(|a| match a.split_once('=') {
-            Some((flag, _)) if listen.contains_key(flag) => format!("{flag}={}", listen[flag]),
-            _ => a,
-        })
-        .chain(extra.iter().cloned())
-        .collect();
-    let kubeconfig = cluster.mint_user_kubeconfig(
-        &format!("system:serviceaccount:{namespace}:{sa}"),
-        &[
-            "system:serviceaccounts",
-            &format!("system:serviceaccounts:{namespace}"),
-        ],
-    )?;
-    let log =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(binary)));
-    eprintln!(
-        "install_doc: {binary} {args:?} env {env:?} as {sa} (log {})",
-        log.display()
-    );
-    let child = Command::new(workspace_binary(binary)?)
-        .env_clear()
-        .envs(&env)
-        .env("KUBECONFIG", &kubeconfig)
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("starting {binary}"))?;
-    Ok(Running { child, log })
+    let args = move_flags(args, listen, extra);
+    start_as(cluster, binary, namespace, &sa, &args, &env)
 }
 
 fn run_command(cmd: &str, env: &[(&str, std::ffi::OsString)]) -> Result<String> {

@@ -21,6 +21,10 @@ trap cleanup EXIT
 dev/cluster-up.sh "$state" >/dev/null
 export REBOUND_CLUSTER_STATE_DIR="$state"
 
+# Charts (tests/tests/chart.rs, install_doc.rs) run the Helm that dev/build-helm.sh builds.
+REBOUND_HELM="$(dev/build-helm.sh | tail -n 1)/helm"
+export REBOUND_HELM
+
 cargo test --workspace --locked "$@"
 
 # Node: the lockfiles' packages (npm ci) when not installed yet; .ci/run installs them too.
@@ -37,3 +41,6 @@ rm -rf .state/node-e2e # logs of the previous run's end-to-end stacks
 cargo build --locked --quiet -p rebound-operator
 (cd gitops && REBOUND_OPERATOR_BIN="${CARGO_TARGET_DIR:-$repo_root/target}/debug/rebound-operator" \
   GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 ./...)
+
+# Images: build both with buildah, inspect them, run them with podman (dev/test-images.sh).
+dev/test-images.sh

@@ -14,6 +14,8 @@
 //! ```
 
 pub mod cluster;
+pub mod helm;
+pub mod kubelet;
 
 pub use cluster::{
     Cluster, CmdOutput, DedicatedCluster, FIELD_MANAGER, TestEnv, client_from_kubeconfig, crds_dir,

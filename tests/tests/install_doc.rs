@@ -1,0 +1,300 @@
+//! docs/install.md, run: every `sh` block, in order, against a control plane of its own.
+//! Nothing runs Pods there, so the test plays the kubelet for the two Pods the page
+//! creates: it starts the real binaries with the arguments and environment of their Pod
+//! templates as read back from the API server, as their service accounts (client
+//! certificates for those identities, so only the RBAC the page installed applies).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use rebound_tests::helm::Helm;
+use rebound_tests::kubelet::{Running, move_flags, resolve, start_as};
+use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name};
+
+/// The shell commands of docs/install.md's `sh` blocks, one list per block.
+fn doc_blocks(text: &str) -> Vec<Vec<String>> {
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    let mut pending = String::new();
+    for line in text.lines() {
+        match (&mut current, line.trim_end()) {
+            (None, "```sh") => current = Some(Vec::new()),
+            (Some(_), "```") => blocks.extend(current.take()),
+            (Some(cmds), l) => {
+                if let Some(head) = l.strip_suffix('\\') {
+                    pending.push_str(head);
+                    continue;
+                }
+                pending.push_str(l);
+                let cmd = std::mem::take(&mut pending);
+                if !cmd.trim().is_empty() && !cmd.trim_start().starts_with('#') {
+                    cmds.push(cmd.trim().to_owned());
+                }
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed HTTP response"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("no status in {head:?}"))?;
+    Ok((code, body.to_owned()))
+}
+
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let last = match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what} (last error: {last:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Starts `binary` as the Pod of `deployment` would run its `container`, as the Pod's
+/// service account; `listen` moves a flag's address (or path) elsewhere on this machine.
+async fn play_kubelet(
+    cluster: &Cluster,
+    namespace: &str,
+    deployment: &str,
+    binary: &str,
+    listen: &BTreeMap<&str, String>,
+    extra: &[String],
+) -> Result<Running> {
+    let client = cluster.client().await?;
+    let api: kube::Api<Deployment> = kube::Api::namespaced(client, namespace);
+    let dep = api.get(deployment).await?;
+    let spec = dep
+        .spec
+        .template
+        .spec
+        .context("the Deployment has no pod spec")?;
+    let sa = spec
+        .service_account_name
+        .unwrap_or_else(|| "default".to_owned());
+    let container = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .find(|c| c.image.as_deref().is_some_and(|i| i.contains(binary)))
+        .with_context(|| format!("no {binary} container in {deployment}"))?;
+    let pod = format!("{deployment}-0");
+    let (args, env) = resolve(container, &pod, namespace)?;
+    let args = move_flags(args, listen, extra);
+    start_as(cluster, binary, namespace, &sa, &args, &env)
+}
+
+fn run_command(cmd: &str, env: &[(&str, std::ffi::OsString)]) -> Result<String> {
+    eprintln!("install_doc: $ {cmd}");
+    let out = Command::new("bash")
+        .args(["-c", cmd])
+        .current_dir(repo_root())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "`{cmd}` failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+fn label_value<'a>(line: &'a str, name: &str, label: &str) -> Option<(&'a str, f64)> {
+    let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+    let (labels, value) = rest.split_once("} ")?;
+    let v = labels
+        .split(',')
+        .find_map(|kv| kv.strip_prefix(&format!("{label}=\"")))?;
+    Some((v.strip_suffix('"')?, value.trim().parse().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_install_page_works_as_written() -> Result<()> {
+    let helm = Helm::get()?;
+    let state = repo_root().join(".state").join(unique_name("install-doc"));
+    let cluster = tokio::task::spawn_blocking({
+        let state = state.clone();
+        move || DedicatedCluster::start(&state)
+    })
+    .await??;
+    // A new cluster has no CRD: take away the one the harness installed.
+    cluster
+        .kubectl(["delete", "crd", "retrypolicies.rebound.dev", "--wait=true"])?
+        .ok()?;
+
+    // Files of the test's own, outside the state dir that cluster-down.sh removes.
+    let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique_name("install-doc"));
+    std::fs::create_dir_all(&scratch)?;
+    let helm_home = scratch.join("helm-home");
+    let kubectl_dir = cluster
+        .kubectl_path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut path = std::ffi::OsString::from(helm.path().parent().unwrap_or(Path::new("")));
+    path.push(":");
+    path.push(&kubectl_dir);
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    let env: Vec<(&str, std::ffi::OsString)> = vec![
+        ("KUBECONFIG", cluster.kubeconfig().into()),
+        ("PATH", path),
+        ("HELM_CACHE_HOME", helm_home.join("cache").into()),
+        ("HELM_CONFIG_HOME", helm_home.join("config").into()),
+        ("HELM_DATA_HOME", helm_home.join("data").into()),
+    ];
+
+    let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
+    let blocks = doc_blocks(&page);
+    ensure!(
+        blocks.len() >= 5,
+        "docs/install.md has {} sh blocks",
+        blocks.len()
+    );
+    let mut operator: Option<(Running, SocketAddr)> = None;
+    let mut sidecar: Option<Running> = None;
+    let mut outputs = Vec::new();
+    let client = cluster.client().await?;
+    let deployments: kube::Api<Deployment> =
+        kube::Api::namespaced(client.clone(), "rebound-system");
+    for block in &blocks {
+        for cmd in block {
+            let out = run_command(cmd, &env)?;
+            outputs.push((cmd.clone(), out));
+        }
+        if operator.is_none() && deployments.get_opt("rebound-operator").await?.is_some() {
+            let metrics = free_port()?;
+            let listen = BTreeMap::from([("--metrics-addr", metrics.to_string())]);
+            let running = play_kubelet(
+                &cluster,
+                "rebound-system",
+                "rebound-operator",
+                "rebound-operator",
+                &listen,
+                &[],
+            )
+            .await?;
+            // The readiness probe's path, answered on the metrics port.
+            let dep = deployments.get("rebound-operator").await?;
+            let probe_path = dep
+                .spec
+                .template
+                .spec
+                .and_then(|s| s.containers.into_iter().next())
+                .and_then(|c| c.readiness_probe)
+                .and_then(|p| p.http_get)
+                .and_then(|h| h.path)
+                .context("no readiness probe path")?;
+            eventually("the operator's readiness probe", || {
+                Ok(http_get(metrics, &probe_path)
+                    .ok()
+                    .filter(|(c, _)| *c == 200)
+                    .map(drop))
+            })
+            .await
+            .with_context(|| running.log_tail())?;
+            operator = Some((running, metrics));
+        }
+        let watch: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), "team-a");
+        if sidecar.is_none() && watch.get_opt("worker-watch").await?.is_some() {
+            let admin = free_port()?;
+            let socket = scratch.join("rebound.sock");
+            let listen = BTreeMap::from([
+                ("--admin-listen", admin.to_string()),
+                ("--uds", socket.to_string_lossy().into_owned()),
+            ]);
+            let extra = [format!("--listen={}", free_port()?)];
+            let running = play_kubelet(
+                &cluster,
+                "team-a",
+                "worker-watch",
+                "rebound-sidecar",
+                &listen,
+                &extra,
+            )
+            .await?;
+            // Loaded through its watch, with only the Role's rights.
+            eventually("the sidecar to load the ConfigMap", || {
+                let (code, body) = http_get(admin, "/metrics")?;
+                ensure!(code == 200, "GET /metrics: {code}");
+                Ok(body
+                    .lines()
+                    .filter_map(|l| label_value(l, "rebound_sidecar_config_state", "state"))
+                    .any(|(state, v)| state == "active" && v == 1.0)
+                    .then_some(()))
+            })
+            .await
+            .with_context(|| running.log_tail())?;
+            sidecar = Some(running);
+        }
+    }
+    let (op, _) = operator
+        .as_ref()
+        .context("the page never installed the operator")?;
+    ensure!(sidecar.is_some(), "the page never created worker-watch");
+
+    // The Lease RBAC works: the operator holds the Lease under its Pod's name.
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "rebound-system");
+    let lease = leases
+        .get("rebound-operator")
+        .await
+        .with_context(|| op.log_tail())?;
+    ensure!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref() == Some("rebound-operator-0"),
+        "the Lease is not held by the operator"
+    );
+    // The page's RBAC answers are what it says.
+    let answers: Vec<&str> = outputs
+        .iter()
+        .filter(|(c, _)| c.contains("auth can-i"))
+        .map(|(_, o)| o.trim())
+        .collect();
+    ensure!(
+        answers == ["yes", "no"],
+        "kubectl auth can-i said {answers:?}"
+    );
+    let restart = outputs
+        .iter()
+        .find(|(c, _)| c.contains("initContainers[0].restartPolicy"))
+        .map(|(_, o)| o.trim());
+    ensure!(restart == Some("Always"), "restartPolicy {restart:?}");
+    Ok(())
+}

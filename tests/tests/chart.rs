@@ -507,7 +507,12 @@ fn default_rendering_matches_deploy() -> Result<()> {
             ensure!(
                 matches!(
                     kind,
-                    "ServiceAccount" | "Deployment" | "Service" | "PodDisruptionBudget"
+                    "ServiceAccount"
+                        | "Deployment"
+                        | "Service"
+                        | "PodDisruptionBudget"
+                        | "ValidatingAdmissionPolicy"
+                        | "ValidatingAdmissionPolicyBinding"
                 ),
                 "unexpected {kind} in the default rendering"
             );

@@ -1,10 +1,20 @@
-//! Counters in plain atomics and their Prometheus text rendering: an increment is one
-//! relaxed atomic add on the request path, and a scrape formats a few lines.
+//! The sidecar's Prometheus metrics: request-path counters are one atomic add; a scrape
+//! sets the configuration gauges from the store and encodes everything.
 
 use std::{
-    fmt::Write,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{Mutex, atomic::AtomicU64},
     time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use prometheus_client::{
+    encoding::{EncodeLabelValue, LabelValueEncoder},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
 };
 
 use crate::answer::Outcome;
@@ -49,228 +59,358 @@ pub struct ConfigView<'a> {
     pub loaded_at: SystemTime,
 }
 
-/// Process-wide counters.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    retry: AtomicU64,
-    give_up_max_attempts: AtomicU64,
-    give_up_deadline: AtomicU64,
-    give_up_non_retryable: AtomicU64,
-    not_found: AtomicU64,
-    invalid_argument: AtomicU64,
-    unavailable: AtomicU64,
-    reloads: AtomicU64,
-    reload_failures: AtomicU64,
-    reads: AtomicU64,
-    last_reload_micros: AtomicU64,
+type Label = [(&'static str, &'static str); 1];
+type Labels = Vec<(&'static str, LabelText)>;
+
+/// A label value from outside (a path, a namespace), escaped as the exposition format
+/// requires; the client library writes label values as given.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct LabelText(String);
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
 }
 
-fn inc(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+/// Every metric the sidecar exports, through the Prometheus client library the operator
+/// uses too. Request-path counters are held as handles: an increment is one atomic add.
+pub struct Metrics {
+    registry: Registry,
+    retry: Counter,
+    give_up_max_attempts: Counter,
+    give_up_deadline: Counter,
+    give_up_non_retryable: Counter,
+    not_found: Counter,
+    invalid_argument: Counter,
+    unavailable: Counter,
+    decide_seconds: Histogram,
+    batch_seconds: Histogram,
+    reloads: Counter,
+    reload_failures: Counter,
+    reads: Counter,
+    last_reload_seconds: Gauge<f64, AtomicU64>,
+    // Set from the store's state at each scrape.
+    state: Family<Label, Gauge>,
+    info: Family<Labels, Gauge>,
+    generation: Gauge,
+    policies: Gauge,
+    loaded_at: Gauge<f64, AtomicU64>,
+    /// One scrape at a time: each resets the configuration gauges before encoding.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("rebound_sidecar");
+        let build = Family::<Labels, Gauge>::default();
+        build
+            .get_or_create(&vec![(
+                "version",
+                LabelText(env!("CARGO_PKG_VERSION").to_owned()),
+            )])
+            .set(1);
+        registry.register("build_info", "The build: version label, value 1", build);
+
+        let decisions = Family::<Label, Counter>::default();
+        registry.register(
+            "decisions",
+            "Decisions answered, by outcome",
+            decisions.clone(),
+        );
+        let outcome = |o: &'static str| decisions.get_or_create(&[("outcome", o)]).clone();
+        let rejected = Family::<Label, Counter>::default();
+        registry.register(
+            "rejected_requests",
+            "Requests (or batch items) answered with an error, by gRPC code",
+            rejected.clone(),
+        );
+        let code = |c: &'static str| rejected.get_or_create(&[("code", c)]).clone();
+
+        // 1 µs to 33 ms: a decision takes microseconds, the worst valid one about 100.
+        let durations = Family::<Label, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(1e-6, 2.0, 16))) as fn() -> Histogram,
+        );
+        registry.register(
+            "decision_duration_seconds",
+            "Time the sidecar spent deciding one call (a whole batch for DecideBatch), transport excluded",
+            durations.clone(),
+        );
+        let rpc = |r: &'static str| durations.get_or_create(&[("rpc", r)]).clone();
+
+        let reloads = Counter::default();
+        registry.register(
+            "config_reloads",
+            "Configurations loaded (the first one included)",
+            reloads.clone(),
+        );
+        let reload_failures = Counter::default();
+        registry.register(
+            "config_reload_failures",
+            "New configurations rejected; the last good one kept answering",
+            reload_failures.clone(),
+        );
+        let reads = Counter::default();
+        registry.register(
+            "config_reads",
+            "Times the configuration input was read, changed or not; stays flat at rest",
+            reads.clone(),
+        );
+        let last_reload_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "config_last_reload_duration_seconds",
+            "Read, parse, check and index time of the last configuration loaded",
+            last_reload_seconds.clone(),
+        );
+        let state = Family::<Label, Gauge>::default();
+        registry.register(
+            "config_state",
+            "1 for the current state: none (nothing loaded), active, empty (no policies: every queue NOT_FOUND), stale (latest input rejected, last good kept)",
+            state.clone(),
+        );
+        let info = Family::<Labels, Gauge>::default();
+        registry.register(
+            "config_info",
+            "The loaded configuration: namespace, content hash and origin",
+            info.clone(),
+        );
+        let generation = Gauge::default();
+        registry.register(
+            "config_generation",
+            "Sequence number of the loaded configuration in this process (1 = first)",
+            generation.clone(),
+        );
+        let policies = Gauge::default();
+        registry.register(
+            "config_policies",
+            "Policies in the loaded configuration",
+            policies.clone(),
+        );
+        let loaded_at = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "config_loaded_timestamp_seconds",
+            "When the loaded configuration was installed, in Unix seconds",
+            loaded_at.clone(),
+        );
+        Self {
+            retry: outcome("retry"),
+            give_up_max_attempts: outcome("give_up_max_attempts"),
+            give_up_deadline: outcome("give_up_deadline"),
+            give_up_non_retryable: outcome("give_up_non_retryable"),
+            not_found: code("not_found"),
+            invalid_argument: code("invalid_argument"),
+            unavailable: code("unavailable"),
+            decide_seconds: rpc("Decide"),
+            batch_seconds: rpc("DecideBatch"),
+            registry,
+            reloads,
+            reload_failures,
+            reads,
+            last_reload_seconds,
+            state,
+            info,
+            generation,
+            policies,
+            loaded_at,
+            scrape: Mutex::new(()),
+        }
+    }
+
     pub fn count(&self, outcome: Outcome) {
-        inc(match outcome {
+        match outcome {
             Outcome::Retry => &self.retry,
             Outcome::GiveUpMaxAttempts => &self.give_up_max_attempts,
             Outcome::GiveUpDeadline => &self.give_up_deadline,
             Outcome::GiveUpNonRetryable => &self.give_up_non_retryable,
             Outcome::NotFound => &self.not_found,
             Outcome::InvalidArgument => &self.invalid_argument,
-        });
+        }
+        .inc();
     }
 
     /// A request arrived before any configuration was loaded.
     pub fn count_unavailable(&self) {
-        inc(&self.unavailable);
+        self.unavailable.inc();
+    }
+
+    /// Time spent deciding one `Decide` call.
+    pub fn decided(&self, took: Duration) {
+        self.decide_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Time spent deciding one whole `DecideBatch` call.
+    pub fn decided_batch(&self, took: Duration) {
+        self.batch_seconds.observe(took.as_secs_f64());
     }
 
     pub fn reloaded(&self, took: Duration) {
-        inc(&self.reloads);
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.last_reload_micros.store(micros, Ordering::Relaxed);
+        self.reloads.inc();
+        self.last_reload_seconds.set(took.as_secs_f64());
     }
 
     pub fn reload_failed(&self) {
-        inc(&self.reload_failures);
+        self.reload_failures.inc();
     }
 
     pub fn reload_failures(&self) -> u64 {
-        self.reload_failures.load(Ordering::Relaxed)
+        self.reload_failures.get()
     }
 
     /// The configuration input was read (a file opened and read, or a watch event's bytes
     /// taken), whether or not it turned out to be new.
     pub fn read_input(&self) {
-        inc(&self.reads);
+        self.reads.inc();
     }
 
     pub fn input_reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
+        self.reads.get()
     }
 
-    /// The Prometheus text exposition (format 0.0.4).
+    /// The OpenMetrics text exposition (what [`CONTENT_TYPE`] names).
     pub fn render(&self, state: ConfigState, current: Option<ConfigView<'_>>) -> String {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut out = String::with_capacity(2048);
-        let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        for s in ConfigState::ALL {
+            self.state
+                .get_or_create(&[("state", s.as_str())])
+                .set(i64::from(s == state));
+        }
+        self.info.clear();
+        match current {
+            Some(cfg) => {
+                self.info
+                    .get_or_create(&vec![
+                        ("namespace", LabelText(cfg.namespace.to_owned())),
+                        ("hash", LabelText(cfg.hash.to_owned())),
+                        ("origin", LabelText(cfg.origin.to_owned())),
+                    ])
+                    .set(1);
+                self.generation
+                    .set(i64::try_from(cfg.sequence).unwrap_or(i64::MAX));
+                self.policies
+                    .set(i64::try_from(cfg.policies).unwrap_or(i64::MAX));
+                self.loaded_at.set(
+                    cfg.loaded_at
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                );
             }
-        };
-        family(
-            "rebound_sidecar_decisions_total",
-            "counter",
-            "Decisions answered, by outcome.",
-            &[
-                ("{outcome=\"retry\"}", get(&self.retry) as f64),
-                (
-                    "{outcome=\"give_up_max_attempts\"}",
-                    get(&self.give_up_max_attempts) as f64,
-                ),
-                (
-                    "{outcome=\"give_up_deadline\"}",
-                    get(&self.give_up_deadline) as f64,
-                ),
-                (
-                    "{outcome=\"give_up_non_retryable\"}",
-                    get(&self.give_up_non_retryable) as f64,
-                ),
-            ],
-        );
-        family(
-            "rebound_sidecar_rejected_requests_total",
-            "counter",
-            "Requests (or batch items) answered with an error, by gRPC code.",
-            &[
-                ("{code=\"not_found\"}", get(&self.not_found) as f64),
-                (
-                    "{code=\"invalid_argument\"}",
-                    get(&self.invalid_argument) as f64,
-                ),
-                ("{code=\"unavailable\"}", get(&self.unavailable) as f64),
-            ],
-        );
-        family(
-            "rebound_sidecar_config_reloads_total",
-            "counter",
-            "Configurations loaded (the first one included).",
-            &[("", get(&self.reloads) as f64)],
-        );
-        family(
-            "rebound_sidecar_config_reload_failures_total",
-            "counter",
-            "New configurations rejected; the last good one kept answering.",
-            &[("", get(&self.reload_failures) as f64)],
-        );
-        family(
-            "rebound_sidecar_config_reads_total",
-            "counter",
-            "Times the configuration input was read, changed or not; stays flat at rest.",
-            &[("", get(&self.reads) as f64)],
-        );
-        family(
-            "rebound_sidecar_config_last_reload_duration_seconds",
-            "gauge",
-            "Read, parse, check and index time of the last configuration loaded.",
-            &[("", get(&self.last_reload_micros) as f64 / 1e6)],
-        );
-        family(
-            "rebound_sidecar_config_loaded",
-            "gauge",
-            "1 once a valid configuration is loaded (health is SERVING), else 0.",
-            &[("", if current.is_some() { 1.0 } else { 0.0 })],
-        );
-        let states: Vec<(String, f64)> = ConfigState::ALL
-            .iter()
-            .map(|s| {
-                (
-                    format!("{{state=\"{}\"}}", s.as_str()),
-                    if *s == state { 1.0 } else { 0.0 },
-                )
-            })
-            .collect();
-        let states: Vec<(&str, f64)> = states.iter().map(|(l, v)| (l.as_str(), *v)).collect();
-        family(
-            "rebound_sidecar_config_state",
-            "gauge",
-            "1 for the current state: none (nothing loaded), active, empty (no policies: every queue NOT_FOUND), stale (latest input rejected, last good kept).",
-            &states,
-        );
-        let Some(cfg) = current else { return out };
-        let loaded_at = cfg
-            .loaded_at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let age = SystemTime::now()
-            .duration_since(cfg.loaded_at)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let info = format!(
-            "{{namespace=\"{}\",hash=\"{}\",origin=\"{}\"}}",
-            escape(cfg.namespace),
-            escape(cfg.hash),
-            escape(cfg.origin)
-        );
-        family(
-            "rebound_sidecar_config_info",
-            "gauge",
-            "The loaded configuration: namespace, content hash and origin.",
-            &[(&info, 1.0)],
-        );
-        family(
-            "rebound_sidecar_config_generation",
-            "gauge",
-            "Sequence number of the loaded configuration in this process (1 = first).",
-            &[("", cfg.sequence as f64)],
-        );
-        family(
-            "rebound_sidecar_config_policies",
-            "gauge",
-            "Policies in the loaded configuration.",
-            &[("", cfg.policies as f64)],
-        );
-        family(
-            "rebound_sidecar_config_loaded_timestamp_seconds",
-            "gauge",
-            "When the loaded configuration was installed, in Unix seconds.",
-            &[("", loaded_at)],
-        );
-        family(
-            "rebound_sidecar_config_age_seconds",
-            "gauge",
-            "Seconds since the loaded configuration was installed.",
-            &[("", age)],
-        );
+            None => {
+                self.generation.set(0);
+                self.policies.set(0);
+                self.loaded_at.set(0.0);
+            }
+        }
+        let mut out = String::with_capacity(4096);
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
         out
     }
 }
 
-/// Escapes a label value: backslash, double quote and newline.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+/// The content type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `name{labels} value` samples of an exposition, by name and labels.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
     #[test]
-    fn renders_counters_and_escapes_labels() {
+    fn renders_counters_states_and_escapes_labels() {
         let m = Metrics::default();
         m.count(Outcome::Retry);
         m.count(Outcome::Retry);
         m.reload_failed();
+        m.decided(Duration::from_micros(3));
         let text = m.render(ConfigState::None, None);
-        assert!(text.contains("rebound_sidecar_decisions_total{outcome=\"retry\"} 2\n"));
-        assert!(text.contains("rebound_sidecar_config_reload_failures_total 1\n"));
-        assert!(text.contains("rebound_sidecar_config_loaded 0\n"));
-        assert!(text.contains("rebound_sidecar_config_state{state=\"none\"} 1\n"));
-        assert!(text.contains("rebound_sidecar_config_state{state=\"stale\"} 0\n"));
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(
+            sample(&text, "rebound_sidecar_decisions_total{outcome=\"retry\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "rebound_sidecar_config_reload_failures_total"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "rebound_sidecar_config_state{state=\"none\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "rebound_sidecar_config_state{state=\"stale\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "rebound_sidecar_decision_duration_seconds_count{rpc=\"Decide\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(
+                    "rebound_sidecar_build_info{{version=\"{}\"}}",
+                    env!("CARGO_PKG_VERSION")
+                )
+            ),
+            Some(1.0)
+        );
+        assert!(text.ends_with("# EOF\n"), "an OpenMetrics exposition");
+
+        let loaded = m.render(
+            ConfigState::Active,
+            Some(ConfigView {
+                namespace: "ns",
+                hash: "a\"b\\c\nd",
+                origin: "test",
+                sequence: 2,
+                policies: 3,
+                loaded_at: SystemTime::now(),
+            }),
+        );
+        assert_eq!(
+            sample(&loaded, "rebound_sidecar_config_state{state=\"none\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&loaded, "rebound_sidecar_config_policies"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(
+                &loaded,
+                "rebound_sidecar_config_info{namespace=\"ns\",hash=\"a\\\"b\\\\c\\nd\",origin=\"test\"}"
+            ),
+            Some(1.0),
+            "label values escaped: {loaded}"
+        );
     }
 }

@@ -461,7 +461,7 @@ async fn metrics(store: Arc<Store>) -> impl axum::response::IntoResponse {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            crate::metrics::CONTENT_TYPE,
         )],
         body,
     )

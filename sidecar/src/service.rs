@@ -1,6 +1,6 @@
 //! The `rebound.v1.RetryAdvisor` gRPC service: a thin adapter from tonic to [`crate::answer`].
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use tonic::{Request, Response, Status};
 
@@ -51,8 +51,11 @@ impl RetryAdvisor for Advisor {
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let metrics = self.store.metrics();
         let now = (self.clock)();
-        self.with_config(
-            |cfg| match answer::decide_one(cfg, request.get_ref(), now) {
+        self.with_config(|cfg| {
+            let started = Instant::now();
+            let answered = answer::decide_one(cfg, request.get_ref(), now);
+            metrics.decided(started.elapsed());
+            match answered {
                 Ok((response, outcome)) => {
                     metrics.count(outcome);
                     Ok(Response::new(response))
@@ -61,8 +64,8 @@ impl RetryAdvisor for Advisor {
                     metrics.count(Outcome::of_error(&e));
                     Err(e.into())
                 }
-            },
-        )
+            }
+        })
     }
 
     async fn decide_batch(
@@ -72,12 +75,13 @@ impl RetryAdvisor for Advisor {
         let metrics = self.store.metrics();
         let now = (self.clock)();
         self.with_config(|cfg| {
-            answer::decide_batch(cfg, request.get_ref(), now, |o| metrics.count(o))
-                .map(Response::new)
-                .map_err(|e| {
-                    metrics.count(Outcome::of_error(&e));
-                    e.into()
-                })
+            let started = Instant::now();
+            let answered = answer::decide_batch(cfg, request.get_ref(), now, |o| metrics.count(o));
+            metrics.decided_batch(started.elapsed());
+            answered.map(Response::new).map_err(|e| {
+                metrics.count(Outcome::of_error(&e));
+                e.into()
+            })
         })
     }
 

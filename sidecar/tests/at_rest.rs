@@ -129,12 +129,6 @@ async fn a_fifo_is_refused_and_the_source_still_stops() {
         .expect("stopped");
 }
 
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[tokio::test]
 async fn the_binary_refuses_a_fifo_key_and_exits_on_sigterm() {
     use std::io::{Read, Write};
@@ -172,13 +166,16 @@ async fn the_binary_refuses_a_fifo_key_and_exits_on_sigterm() {
     eventually("the FIFO to be reported as a reload failure", WAIT, || {
         let text = scrape();
         async move {
-            text.and_then(|t| metric(&t, "rebound_sidecar_config_reload_failures_total"))
+            text.and_then(|t| common::sample(&t, "rebound_sidecar_config_reload_failures_total"))
                 .is_some_and(|n| n >= 1.0)
         }
     })
     .await;
     let text = scrape().expect("metrics");
-    assert_eq!(metric(&text, "rebound_sidecar_config_loaded"), Some(0.0));
+    assert_eq!(
+        common::sample(&text, "rebound_sidecar_config_state{state=\"none\"}"),
+        Some(1.0)
+    );
 
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: signalling the child this test spawned.

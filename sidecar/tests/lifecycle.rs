@@ -159,18 +159,36 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
 
     let metrics = http_get(admin, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
-    assert!(metrics.contains("text/plain; version=0.0.4"), "{metrics}");
-    assert!(
-        metrics.contains("rebound_sidecar_config_loaded 1"),
-        "{metrics}"
+    let (head, body) = metrics.split_once("\r\n\r\n").expect("an HTTP response");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim())
+        })
+        .expect("a content type");
+    assert_eq!(content_type, rebound_sidecar::metrics::CONTENT_TYPE);
+    assert_eq!(
+        common::sample(body, "rebound_sidecar_config_state{state=\"active\"}"),
+        Some(1.0),
+        "{body}"
     );
-    assert!(
-        metrics.contains("rebound_sidecar_decisions_total{outcome=\"give_up_max_attempts\"} 2"),
-        "{metrics}"
+    assert_eq!(
+        common::sample(
+            body,
+            "rebound_sidecar_decisions_total{outcome=\"give_up_max_attempts\"}"
+        ),
+        Some(2.0),
+        "{body}"
     );
+    let info = body
+        .lines()
+        .find(|l| l.starts_with("rebound_sidecar_config_info{"))
+        .expect("config_info");
     assert!(
-        metrics.contains("rebound_sidecar_config_info{namespace=\"demo\""),
-        "{metrics}"
+        info.starts_with("rebound_sidecar_config_info{namespace=\"demo\","),
+        "{info}"
     );
 
     // SIGTERM: exit 0, socket removed.
@@ -255,7 +273,7 @@ async fn metrics_status_beyond_loopback(opt_in: bool) -> (String, i32) {
         .await
         .expect("get");
     // Without the route the gRPC router answers (HTTP 200, `application/grpc`,
-    // grpc-status UNIMPLEMENTED); the metrics route answers Prometheus text.
+    // grpc-status UNIMPLEMENTED); the metrics route answers OpenMetrics text.
     let head = response.split("\r\n\r\n").next().unwrap_or_default();
     let status = head
         .lines()
@@ -281,7 +299,7 @@ async fn an_admin_port_beyond_loopback_serves_only_health_unless_metrics_are_opt
     assert_eq!(
         metrics_status_beyond_loopback(true).await,
         (
-            "text/plain; version=0.0.4; charset=utf-8".to_owned(),
+            rebound_sidecar::metrics::CONTENT_TYPE.to_owned(),
             NOT_SERVING
         )
     );

@@ -89,7 +89,6 @@ async fn an_empty_document_means_no_policies_and_a_broken_one_keeps_the_last_goo
     wait_state(server.admin, "empty").await;
     let m = scrape(server.admin).await;
     assert_eq!(m.get("rebound_sidecar_config_policies"), Some(&0.0));
-    assert_eq!(m.get("rebound_sidecar_config_loaded"), Some(&1.0));
     let info = format!(
         "rebound_sidecar_config_info{{namespace=\"team-a\",hash=\"{}\",origin=\"{}\"}}",
         empty.hash,

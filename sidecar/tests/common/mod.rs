@@ -132,3 +132,15 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The value of one series (`name` or `name{labels}`, labels as the sidecar writes them)
+/// in a Prometheus exposition.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}

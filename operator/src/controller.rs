@@ -26,7 +26,7 @@ use crate::Config;
 use crate::backoff::{Requeue, WatchBackoff};
 use crate::events::Events;
 use crate::metrics::Metrics;
-use crate::objects::{policy_resource, slim};
+use crate::objects::{policy_resource, slim, slim_configmap};
 use crate::reconcile::{Context, Stores, error_policy, reconcile};
 use crate::triggers::Triggers;
 
@@ -93,7 +93,7 @@ pub async fn run(
         streams.push(
             watcher(configmaps, watcher::Config::default().fields(&cm_selector))
                 .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
-                .map_ok(|e| e.modify(slim))
+                .map_ok(|e| e.modify(slim_configmap))
                 .reflect(writer)
                 .map(move |r| match r {
                     Ok(event) => Incoming::ConfigMap { stream, event },
@@ -186,7 +186,8 @@ impl Router {
             }
             Incoming::Error(e) => {
                 self.metrics.watch_error();
-                warn!(error = %e, "watch failed; retrying with backoff");
+                let code = crate::error::watch_status_code(&e);
+                warn!(error = %e, code, "watch failed; retrying with backoff");
                 (Vec::new(), "")
             }
         };

@@ -47,7 +47,8 @@ impl Events {
                 };
                 metrics.wrote("event");
                 if let Err(e) = recorder.publish(&event, &reference).await {
-                    warn!(error = %e, reason = note.reason, object = ?reference.name, "could not publish event");
+                    let code = crate::error::status_code(&e);
+                    warn!(error = %e, code, reason = note.reason, object = ?reference.name, "could not publish event");
                 }
             }
             debug!("event publisher stopped");

@@ -5,7 +5,8 @@
 //! that policy, not a watch error that stops every namespace.
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ApiResource, DynamicObject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 
@@ -97,13 +98,38 @@ pub fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
+/// [`slim`] for ConfigMaps. Of `managedFields` only an empty entry for our own field
+/// manager stays: it tells a ConfigMap we wrote whose label someone removed (drift, to be
+/// repaired) from someone else's.
+pub fn slim_configmap(cm: &mut ConfigMap) {
+    let ours = written_by_us(cm.meta());
+    slim(cm);
+    if ours {
+        cm.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(crate::FIELD_MANAGER.to_owned()),
+            ..ManagedFieldsEntry::default()
+        }]);
+    }
+}
+
+/// The object has fields owned by the operator's field manager: the operator wrote it.
+fn written_by_us(meta: &ObjectMeta) -> bool {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .any(|e| e.manager.as_deref() == Some(crate::FIELD_MANAGER))
+}
+
 /// The part of a ConfigMap the operator compares and preconditions on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConfigMapView {
     pub uid: String,
     pub resource_version: String,
-    /// Carries `app.kubernetes.io/managed-by: rebound-operator`.
+    /// Ours: carries `app.kubernetes.io/managed-by: rebound-operator`, or was written by
+    /// the operator's field manager (then a missing label is drift).
     pub managed: bool,
+    /// Carries both of our labels with our values.
+    pub labelled: bool,
     /// The compiled document, if present.
     pub document: Option<String>,
     pub hash_annotation: Option<String>,
@@ -111,13 +137,15 @@ pub struct ConfigMapView {
 
 impl ConfigMapView {
     pub fn from_configmap(cm: &ConfigMap) -> Self {
+        let label = |key: &str| cm.labels().get(key).map(String::as_str);
+        let labelled = label(crate::configmap::MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
+            && label(crate::configmap::PART_OF_LABEL) == Some("rebound");
         Self {
             uid: cm.uid().unwrap_or_default(),
             resource_version: cm.resource_version().unwrap_or_default(),
-            managed: cm
-                .labels()
-                .get(crate::configmap::MANAGED_BY_LABEL)
-                .is_some_and(|v| v == crate::FIELD_MANAGER),
+            managed: label(crate::configmap::MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
+                || written_by_us(cm.meta()),
+            labelled,
             document: cm
                 .data
                 .as_ref()
@@ -173,5 +201,31 @@ mod tests {
         );
         slim(&mut cm);
         assert!(cm.metadata.annotations.unwrap_or_default().is_empty());
+    }
+
+    fn managed_by(manager: &str) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.to_owned()),
+            operation: Some("Apply".to_owned()),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn a_configmap_we_wrote_stays_ours_without_its_label() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.managed_fields = Some(vec![
+            managed_by("kubectl"),
+            managed_by(crate::FIELD_MANAGER),
+        ]);
+        slim_configmap(&mut cm);
+        assert!(ConfigMapView::from_configmap(&cm).managed);
+        assert_eq!(cm.metadata.managed_fields.as_ref().map(Vec::len), Some(1));
+
+        let mut foreign = ConfigMap::default();
+        foreign.metadata.managed_fields = Some(vec![managed_by("kubectl")]);
+        slim_configmap(&mut foreign);
+        assert!(!ConfigMapView::from_configmap(&foreign).managed);
+        assert!(foreign.metadata.managed_fields.is_none());
     }
 }

@@ -101,16 +101,29 @@ async fn apply_update_delete() -> Result<()> {
         "resync did not run ({reconciles} reconciles)"
     );
 
-    // Delete one: gone from the document; delete the last: the ConfigMap is removed.
+    // Delete one: gone from the document.
     env.kubectl(["delete", "retrypolicy", "emails"])?.ok()?;
     let doc = converged(client, ns, WAIT).await?;
     ensure!(names(&doc) == BTreeSet::from(["webhooks".into()]));
-    env.kubectl(["delete", "retrypolicy", "webhooks"])?.ok()?;
+    // Delete the last: the ConfigMap stays, holding the empty, hash-stamped document the
+    // compiler makes of no policies (sidecars then answer NOT_FOUND, not the old policy).
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    eventually("the ConfigMap to be deleted", WAIT, || async {
-        Ok(cms.get_opt(CM).await?.is_none().then_some(()))
+    let uid = cms.get(CM).await?.metadata.uid;
+    env.kubectl(["delete", "retrypolicy", "webhooks"])?.ok()?;
+    let doc = converged(client, ns, WAIT).await?;
+    ensure!(doc.policies.is_empty(), "{doc:?}");
+    ensure!(doc == rebound_policy::compile(ns, Vec::new()).document);
+    // ...and keeps it through resyncs.
+    let reconciles = op.metric("rebound_operator_reconciles_total")?;
+    eventually("two more resyncs", WAIT, || async {
+        Ok((op.metric("rebound_operator_reconciles_total")? >= reconciles + 2.0).then_some(()))
     })
     .await?;
+    let cm = cms.get_opt(CM).await?;
+    ensure!(
+        cm.and_then(|c| c.metadata.uid) == uid,
+        "the ConfigMap was replaced or deleted"
+    );
     Ok(())
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, anyhow};
 use clap::Parser;
 use futures::FutureExt;
+use rebound_operator::config::LogFormat;
 use rebound_operator::{Config, controller, events::Events, http, leader, metrics::Metrics};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -14,7 +15,7 @@ use tracing::info;
 async fn main() -> anyhow::Result<()> {
     let config = Arc::new(Config::parse());
     config.check().map_err(|e| anyhow!(e))?;
-    init_tracing(&config.log_format);
+    init_tracing(config.log_format);
 
     let client = kube::Client::try_default()
         .await
@@ -56,13 +57,13 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_tracing(format: &str) {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_lease_manager=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if format == "text" {
+    if format == LogFormat::Text {
         builder.init();
     } else {
         builder.json().flatten_event(true).init();

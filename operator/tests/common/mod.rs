@@ -37,13 +37,7 @@ impl Operator {
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{}.log", rebound_tests::unique_name("operator")));
         let file = std::fs::File::create(&log).context("creating the operator log")?;
-        // REBOUND_OPERATOR_BIN runs the tests against another build (e.g. an older one, to
-        // see a new test fail before its fix).
-        let bin = std::env::var_os("REBOUND_OPERATOR_BIN").map_or_else(
-            || PathBuf::from(env!("CARGO_BIN_EXE_rebound-operator")),
-            PathBuf::from,
-        );
-        let child = Command::new(bin)
+        let child = Command::new(operator_bin())
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,rebound_operator=debug")
             .arg(format!("--metrics-addr={metrics}"))
@@ -158,6 +152,15 @@ impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The binary under test. REBOUND_OPERATOR_BIN runs the tests against another build (e.g.
+/// an older one, to see a new test fail before its fix).
+pub fn operator_bin() -> PathBuf {
+    std::env::var_os("REBOUND_OPERATOR_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_rebound-operator")),
+        PathBuf::from,
+    )
 }
 
 /// One line of the operator's JSON log.

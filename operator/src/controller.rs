@@ -26,9 +26,15 @@ use crate::Config;
 use crate::backoff::{Requeue, WatchBackoff};
 use crate::events::Events;
 use crate::metrics::Metrics;
-use crate::objects::{policy_resource, slim, slim_configmap};
+use crate::objects::{policy_resource, slim_configmap, slim_policy};
 use crate::reconcile::{Context, Stores, error_policy, reconcile};
 use crate::triggers::Triggers;
+
+/// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,
+/// policies with 256 KiB annotations) is never decoded all at once; only the slimmed
+/// objects stay.
+const POLICY_PAGE: u32 = 100;
+const CONFIGMAP_PAGE: u32 = 8;
 
 /// One item of the merged watch streams.
 enum Incoming {
@@ -69,9 +75,9 @@ pub async fn run(
         stores.policies.push(writer.as_reader());
         let scope_name = scope.clone();
         streams.push(
-            watcher(policies, watcher::Config::default())
+            watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
                 .backoff(WatchBackoff::new(format!("policies/{stream}")))
-                .map_ok(|e| e.modify(slim))
+                .map_ok(|e| e.modify(slim_policy))
                 .reflect(writer)
                 .map(move |r| match r {
                     Ok(event) => Incoming::Policy {
@@ -91,15 +97,20 @@ pub async fn run(
         let writer = Writer::new(());
         stores.configmaps.push(writer.as_reader());
         streams.push(
-            watcher(configmaps, watcher::Config::default().fields(&cm_selector))
-                .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
-                .map_ok(|e| e.modify(slim_configmap))
-                .reflect(writer)
-                .map(move |r| match r {
-                    Ok(event) => Incoming::ConfigMap { stream, event },
-                    Err(e) => Incoming::Error(e),
-                })
-                .boxed(),
+            watcher(
+                configmaps,
+                watcher::Config::default()
+                    .fields(&cm_selector)
+                    .page_size(CONFIGMAP_PAGE),
+            )
+            .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
+            .map_ok(|e| e.modify(slim_configmap))
+            .reflect(writer)
+            .map(move |r| match r {
+                Ok(event) => Incoming::ConfigMap { stream, event },
+                Err(e) => Incoming::Error(e),
+            })
+            .boxed(),
         );
     }
 

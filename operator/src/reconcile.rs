@@ -187,7 +187,7 @@ async fn reconcile_namespace(
             (v, verdict)
         })
         .collect();
-    refresh_summaries(memory, &compilation);
+    refresh_summaries(memory, &compilation).await;
     let figures = NamespaceFigures {
         compiled: compilation.document.policies.len() as i64,
         not_ready: verdicts
@@ -284,23 +284,49 @@ fn verdict(
     }
 }
 
-/// Simulates new policy generations and forgets policies that are gone.
-fn refresh_summaries(memory: &mut Memory, compilation: &rebound_policy::Compilation) {
-    let mut present = HashSet::new();
-    for p in &compilation.document.policies {
-        present.insert(p.uid.clone());
-        let fresh = memory
-            .summaries
-            .get(&p.uid)
-            .is_some_and(|(generation, _)| *generation == p.generation);
-        if !fresh {
-            let summary = crate::summary::summarize(&p.identity(), &p.params);
+/// Simulates new policy generations (on the blocking pool: a summary is CPU work that
+/// must not hold up the async workers, which also renew the Lease) and forgets policies
+/// that are gone.
+async fn refresh_summaries(memory: &mut Memory, compilation: &rebound_policy::Compilation) {
+    let present: HashSet<String> = compilation
+        .document
+        .policies
+        .iter()
+        .map(|p| p.uid.clone())
+        .collect();
+    memory.summaries.retain(|uid, _| present.contains(uid));
+    let stale: Vec<(String, i64, String, rebound_policy::ResolvedPolicy)> = compilation
+        .document
+        .policies
+        .iter()
+        .filter(|p| {
             memory
                 .summaries
-                .insert(p.uid.clone(), (p.generation, summary));
-        }
+                .get(&p.uid)
+                .is_none_or(|(generation, _)| *generation != p.generation)
+        })
+        .map(|p| (p.uid.clone(), p.generation, p.identity(), p.params.clone()))
+        .collect();
+    if stale.is_empty() {
+        return;
     }
-    memory.summaries.retain(|uid, _| present.contains(uid));
+    let computed = tokio::task::spawn_blocking(move || {
+        stale
+            .into_iter()
+            .map(|(uid, generation, identity, params)| {
+                (
+                    uid,
+                    (generation, crate::summary::summarize(&identity, &params)),
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    match computed {
+        Ok(summaries) => memory.summaries.extend(summaries),
+        // Only a panic in the simulation gets here; statuses go out without a summary.
+        Err(e) => warn!(error = %e, "schedule summary failed"),
+    }
 }
 
 #[cfg(test)]

@@ -15,10 +15,13 @@ const SA: &str = "system:serviceaccount:rebound-system:rebound-operator";
 async fn service_account_does_its_job_and_nothing_more() -> Result<()> {
     let env = TestEnv::new("op-rbac").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
-    let rbac = repo_root().join("deploy/rbac.yaml");
-    env.cluster
-        .kubectl(["apply", "-f", &rbac.to_string_lossy()])?
-        .ok()?;
+    // Everything deploy/ ships for it: RBAC and the admission policy.
+    for file in ["deploy/rbac.yaml", "deploy/admission.yaml"] {
+        let path = repo_root().join(file);
+        env.cluster
+            .kubectl(["apply", "--server-side", "-f", &path.to_string_lossy()])?
+            .ok()?;
+    }
     let kubeconfig = env.cluster.mint_user_kubeconfig(
         SA,
         &[

@@ -14,10 +14,7 @@ use rebound_policy::compiled::{CONFIGMAP_KEY, MAX_DOCUMENT_BYTES};
 
 use crate::objects::ConfigMapView;
 
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
-/// Copy of the document hash, so `kubectl get -o jsonpath` can check convergence.
-pub const HASH_ANNOTATION: &str = "rebound.dev/hash";
+pub use crate::objects::{HASH_ANNOTATION, MANAGED_BY_LABEL, PART_OF_LABEL};
 
 /// The compiled document of a namespace, ready to write.
 #[derive(Clone, Debug, PartialEq)]

@@ -24,10 +24,11 @@ use tracing::{debug, info, warn};
 
 use crate::Config;
 use crate::backoff::{Requeue, WatchBackoff};
+use crate::context::{Context, Stores};
 use crate::events::Events;
 use crate::metrics::Metrics;
 use crate::objects::{policy_resource, slim_configmap, slim_policy};
-use crate::reconcile::{Context, Stores, error_policy, reconcile};
+use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
 
 /// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,

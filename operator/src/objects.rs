@@ -10,6 +10,11 @@ use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+/// Copy of the document hash, so `kubectl get -o jsonpath` can check convergence.
+pub const HASH_ANNOTATION: &str = "rebound.dev/hash";
+
 /// The RetryPolicy resource, for `Api<DynamicObject>`.
 pub fn policy_resource() -> ApiResource {
     ApiResource::erase::<RetryPolicy>(&())
@@ -130,14 +135,8 @@ pub fn slim_configmap(cm: &mut ConfigMap) {
             m.retain(|k, _| keys.contains(&k.as_str()));
         }
     };
-    keep(&mut meta.annotations, &[crate::configmap::HASH_ANNOTATION]);
-    keep(
-        &mut meta.labels,
-        &[
-            crate::configmap::MANAGED_BY_LABEL,
-            crate::configmap::PART_OF_LABEL,
-        ],
-    );
+    keep(&mut meta.annotations, &[HASH_ANNOTATION]);
+    keep(&mut meta.labels, &[MANAGED_BY_LABEL, PART_OF_LABEL]);
     keep(&mut cm.data, &[rebound_policy::compiled::CONFIGMAP_KEY]);
 }
 
@@ -167,12 +166,12 @@ pub struct ConfigMapView {
 impl ConfigMapView {
     pub fn from_configmap(cm: &ConfigMap) -> Self {
         let label = |key: &str| cm.labels().get(key).map(String::as_str);
-        let labelled = label(crate::configmap::MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
-            && label(crate::configmap::PART_OF_LABEL) == Some("rebound");
+        let labelled = label(MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
+            && label(PART_OF_LABEL) == Some("rebound");
         Self {
             uid: cm.uid().unwrap_or_default(),
             resource_version: cm.resource_version().unwrap_or_default(),
-            managed: label(crate::configmap::MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
+            managed: label(MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
                 || written_by_us(cm.meta()),
             labelled,
             document: cm
@@ -180,10 +179,7 @@ impl ConfigMapView {
                 .as_ref()
                 .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
                 .cloned(),
-            hash_annotation: cm
-                .annotations()
-                .get(crate::configmap::HASH_ANNOTATION)
-                .cloned(),
+            hash_annotation: cm.annotations().get(HASH_ANNOTATION).cloned(),
         }
     }
 }

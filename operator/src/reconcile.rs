@@ -3,85 +3,25 @@
 //! (and only if) it differs from what the policy already shows.
 
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
-use rebound_policy::spec::ScheduleSummary;
-use rebound_policy::{PolicyOutcome, PolicySource, RetryPolicyStatus, compile};
+use rebound_policy::{PolicyOutcome, PolicySource, compile};
 use tracing::{debug, warn};
 
 use crate::configmap::{self, Desired, Plan};
+use crate::context::{Context, Memory};
 use crate::error::Error;
-use crate::events::Events;
 use crate::freshness::{Written, compare};
-use crate::metrics::{Metrics, NamespaceFigures};
+use crate::metrics::NamespaceFigures;
 use crate::objects::{ConfigMapView, PolicyView};
 use crate::status::{Blocked, Verdict};
 use crate::writes::{write_configmap, write_statuses};
-use crate::{Config, backoff::Requeue};
-
-/// The watch caches a reconcile reads from (one per watched scope).
-#[derive(Clone, Default)]
-pub struct Stores {
-    pub policies: Vec<Store<DynamicObject>>,
-    pub configmaps: Vec<Store<ConfigMap>>,
-}
-
-impl Stores {
-    fn policies_in(&self, namespace: &str) -> Vec<PolicyView> {
-        self.policies
-            .iter()
-            .flat_map(|s| s.state_filter(|o| o.namespace().as_deref() == Some(namespace)))
-            .filter_map(|o| PolicyView::from_dynamic(&o))
-            .collect()
-    }
-
-    fn configmap(&self, namespace: &str, name: &str) -> Option<ConfigMapView> {
-        let key = ObjectRef::<ConfigMap>::new(name).within(namespace);
-        self.configmaps
-            .iter()
-            .find_map(|s| s.get(&key))
-            .map(|cm| ConfigMapView::from_configmap(&cm))
-    }
-}
-
-/// What a namespace's reconciles remember between runs: our own writes (until the watch
-/// cache catches up) and the schedule summaries (one simulation per policy generation).
-#[derive(Default)]
-pub struct Memory {
-    pub(crate) configmap: Option<Written<ConfigMapView>>,
-    pub(crate) statuses: HashMap<String, Written<RetryPolicyStatus>>,
-    pub(crate) summaries: HashMap<String, (i64, ScheduleSummary)>,
-}
-
-/// Everything a reconcile needs; shared by all of them.
-pub struct Context {
-    pub client: kube::Client,
-    pub config: Arc<Config>,
-    pub stores: Stores,
-    pub memory: Mutex<HashMap<String, Memory>>,
-    pub requeue: Requeue,
-    pub metrics: Arc<Metrics>,
-    pub events: Events,
-}
-
-impl Context {
-    fn take_memory(&self, namespace: &str) -> Memory {
-        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        all.remove(namespace).unwrap_or_default()
-    }
-
-    fn put_memory(&self, namespace: &str, memory: Memory) {
-        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        all.insert(namespace.to_owned(), memory);
-    }
-}
 
 /// The controller's reconcile function; the key is a namespace.
 pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -13,10 +13,10 @@ use tracing::{debug, info};
 
 use crate::FIELD_MANAGER;
 use crate::configmap::Plan;
+use crate::context::{Context, Memory};
 use crate::error::{Error, status_code};
 use crate::freshness::{Written, newest};
 use crate::objects::{ConfigMapView, PolicyView, policy_resource};
-use crate::reconcile::{Context, Memory};
 use crate::status::{self, Verdict};
 
 /// Status writes in flight at once within one namespace.

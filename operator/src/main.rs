@@ -11,8 +11,28 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tracing::info;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    tune_allocator();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+/// Keeps glibc from holding on to freed memory: fixed mmap and trim thresholds, so a large
+/// object decoded and then slimmed (a 1 MiB ConfigMap of someone else) does not stay
+/// resident (glibc otherwise raises both thresholds after the first large buffer is freed).
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 * 1024);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let config = Arc::new(Config::parse());
     config.check().map_err(|e| anyhow!(e))?;
     init_tracing(config.log_format);

@@ -49,27 +49,34 @@ async fn half_sent_requests_are_dropped_and_probes_still_answer() -> Result<()> 
     let env = TestEnv::new("op-http").await?;
     let op = Operator::start(env.cluster.kubeconfig(), scoped(&env.namespace, &[]))?;
     let addr = op.metrics;
-    eventually("/livez", WAIT, || async { Ok(http_get(addr, "/livez").ok()) }).await?;
+    eventually("/livez", WAIT, || async {
+        Ok(http_get(addr, "/livez").ok())
+    })
+    .await?;
 
     let hanging = half_sent(addr, 200)?;
     // While they hang, probes and scrapes are answered.
     ensure!(http_get(addr, "/livez")? == "ok\n");
     let scrape = http_get(addr, "/metrics")?;
-    ensure!(metric_sum(&scrape, "rebound_operator_leader") == 1.0, "{scrape}");
+    ensure!(
+        metric_sum(&scrape, "rebound_operator_leader") == 1.0,
+        "{scrape}"
+    );
     // The server closes every one of them (its header timeout is 5 s).
-    let closed = tokio::task::spawn_blocking(move || {
-        closed_by_server(hanging, Duration::from_secs(30))
-    })
-    .await??;
-    ensure!(closed == 200, "{closed} of 200 half-sent connections closed");
+    let closed =
+        tokio::task::spawn_blocking(move || closed_by_server(hanging, Duration::from_secs(30)))
+            .await??;
+    ensure!(
+        closed == 200,
+        "{closed} of 200 half-sent connections closed"
+    );
 
     // Past the cap: the extra connections are closed unserved and counted.
     let over = 20;
     let flood = half_sent(addr, CAP + over)?;
-    let closed = tokio::task::spawn_blocking(move || {
-        closed_by_server(flood, Duration::from_secs(30))
-    })
-    .await??;
+    let closed =
+        tokio::task::spawn_blocking(move || closed_by_server(flood, Duration::from_secs(30)))
+            .await??;
     ensure!(closed == CAP + over, "{closed} of {} closed", CAP + over);
     let refused = op.metric("rebound_operator_http_connections_refused_total")?;
     ensure!(refused >= over as f64, "{refused} refused");

@@ -9,8 +9,9 @@ use clap::Parser;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "rebound-operator", version, about)]
 pub struct Config {
-    /// Namespaces to watch, comma separated; empty means all namespaces.
-    #[arg(long, env = "REBOUND_NAMESPACES", value_delimiter = ',', num_args = 0..)]
+    /// Namespaces to watch, comma separated; empty means all namespaces. A name given twice
+    /// counts once.
+    #[arg(long, env = "REBOUND_NAMESPACES", value_delimiter = ',', num_args = 0.., value_parser = parse_namespace)]
     pub namespaces: Vec<String>,
 
     /// Name of the ConfigMap written into each namespace. The RBAC in deploy/ names it too.
@@ -58,9 +59,18 @@ pub struct Config {
     #[arg(long, env = "REBOUND_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
 
-    /// Log format: `json` or `text`.
-    #[arg(long, env = "REBOUND_LOG_FORMAT", default_value = "json")]
-    pub log_format: String,
+    /// Log format.
+    #[arg(long, env = "REBOUND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+}
+
+/// How log records are written to stderr.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line, event fields flattened.
+    Json,
+    /// Human-readable lines.
+    Text,
 }
 
 impl Config {
@@ -78,14 +88,14 @@ impl Config {
         Ok(())
     }
 
-    /// The namespaces to watch, or `None` for all.
+    /// The namespaces to watch, each once in the order first given, or `None` for all.
     pub fn scope(&self) -> Option<Vec<String>> {
-        let list: Vec<String> = self
-            .namespaces
-            .iter()
-            .map(|n| n.trim().to_owned())
-            .filter(|n| !n.is_empty())
-            .collect();
+        let mut list: Vec<String> = Vec::new();
+        for ns in self.namespaces.iter().filter(|n| !n.is_empty()) {
+            if !list.contains(ns) {
+                list.push(ns.clone());
+            }
+        }
         (!list.is_empty()).then_some(list)
     }
 
@@ -123,6 +133,25 @@ impl Config {
     }
 }
 
+/// A namespace name (an RFC 1123 label), trimmed; empty entries (`a,,b`) are skipped later.
+fn parse_namespace(text: &str) -> Result<String, String> {
+    let name = text.trim();
+    let valid = name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{name:?} is not a namespace name (at most 63 lowercase letters, digits and '-', \
+             starting and ending with a letter or digit)"
+        ))
+    }
+}
+
 /// Parses a Kubernetes-style duration (`30s`, `5m`) with the policy crate's parser.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     rebound_policy::KubeDuration::parse(text)
@@ -144,6 +173,36 @@ mod tests {
         let c = Config::parse_from(["x", "--namespaces", "a,b", "--resync=30s"]);
         assert_eq!(c.scope(), Some(vec!["a".to_owned(), "b".to_owned()]));
         assert_eq!(c.resync, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn namespaces_are_trimmed_and_counted_once() {
+        let c = Config::parse_from(["x", "--namespaces", "b,a, b,,a"]);
+        assert_eq!(c.scope(), Some(vec!["b".to_owned(), "a".to_owned()]));
+        assert_eq!(Config::parse_from(["x", "--namespaces", ""]).scope(), None);
+    }
+
+    #[test]
+    fn bad_flag_values_are_usage_errors() {
+        for args in [
+            ["x", "--log-format=jsn"],
+            ["x", "--namespaces=a,Bad_Name"],
+            ["x", "--namespaces=-a"],
+        ] {
+            let e = Config::try_parse_from(args).expect_err("must be refused");
+            // Both are usage errors (exit code 2) that name the flag.
+            assert!(
+                matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::ValueValidation | clap::error::ErrorKind::InvalidValue
+                ),
+                "{args:?}: {:?}",
+                e.kind()
+            );
+            assert_eq!(e.exit_code(), 2);
+        }
+        let c = Config::parse_from(["x", "--log-format=text"]);
+        assert_eq!(c.log_format, LogFormat::Text);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! Ownership is the `app.kubernetes.io/managed-by: rebound-operator` label. A ConfigMap of
 //! the same name without it belongs to someone else and is never touched. Creation uses a
 //! plain create (fails if one appeared meanwhile); updates use server-side apply with the
-//! resourceVersion we compared against as a precondition; deletion preconditions on uid and
-//! resourceVersion. So a foreign ConfigMap is never adopted, even in a race.
+//! resourceVersion we compared against as a precondition. So a foreign ConfigMap is never
+//! adopted, even in a race. The operator never deletes the ConfigMap.
 
 use std::collections::BTreeMap;
 
@@ -14,30 +14,29 @@ use rebound_policy::compiled::{CONFIGMAP_KEY, MAX_DOCUMENT_BYTES};
 
 use crate::objects::ConfigMapView;
 
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
-/// Copy of the document hash, so `kubectl get -o jsonpath` can check convergence.
-pub const HASH_ANNOTATION: &str = "rebound.dev/hash";
+pub use crate::objects::{HASH_ANNOTATION, MANAGED_BY_LABEL, PART_OF_LABEL};
 
 /// The compiled document of a namespace, ready to write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Desired {
     pub json: String,
     pub hash: String,
+    /// The namespace has RetryPolicies (valid or not). Without any, a missing ConfigMap
+    /// stays missing; an existing one of ours gets the empty document, so sidecars learn
+    /// that the policies were removed.
+    pub has_policies: bool,
 }
 
-/// The one write (or none) that brings the ConfigMap to the desired state.
+/// The one write (or none) that brings the ConfigMap to the desired state. There is no
+/// delete: a ConfigMap of ours outlives the namespace's last policy (holding the empty
+/// document), because a missing ConfigMap looks like a fault to a running sidecar.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Plan {
-    /// Already holds the document (or there is nothing and nothing is wanted).
+    /// Already holds the document (or there is none and no policy asks for one).
     UpToDate,
     Create(ConfigMap),
     /// Server-side apply; the object carries the resourceVersion precondition.
     Apply(ConfigMap),
-    Delete {
-        uid: String,
-        resource_version: String,
-    },
     /// Someone else's ConfigMap has that name.
     NotOwned,
     /// The document exceeds [`MAX_DOCUMENT_BYTES`]; the ConfigMap stays as it is.
@@ -46,31 +45,33 @@ pub enum Plan {
     },
 }
 
-/// Decides the write. `desired` is `None` when the namespace has no RetryPolicies left.
+/// Decides the write from the ConfigMap as last seen (`None`: there is none).
 pub fn plan(
     name: &str,
     namespace: &str,
     current: Option<&ConfigMapView>,
-    desired: Option<&Desired>,
+    desired: &Desired,
 ) -> Plan {
-    match (current, desired) {
-        (Some(cm), _) if !cm.managed => Plan::NotOwned,
-        (None, None) => Plan::UpToDate,
-        (Some(cm), None) => Plan::Delete {
-            uid: cm.uid.clone(),
-            resource_version: cm.resource_version.clone(),
+    match current {
+        Some(cm) if !cm.managed => Plan::NotOwned,
+        None if !desired.has_policies => Plan::UpToDate,
+        _ if desired.json.len() > MAX_DOCUMENT_BYTES => Plan::TooLarge {
+            bytes: desired.json.len(),
         },
-        (_, Some(d)) if d.json.len() > MAX_DOCUMENT_BYTES => Plan::TooLarge {
-            bytes: d.json.len(),
-        },
-        (None, Some(d)) => Plan::Create(build(name, namespace, d, None)),
-        (Some(cm), Some(d)) => {
-            if cm.document.as_deref() == Some(d.json.as_str())
-                && cm.hash_annotation.as_deref() == Some(d.hash.as_str())
+        None => Plan::Create(build(name, namespace, desired, None)),
+        Some(cm) => {
+            if cm.labelled
+                && cm.document.as_deref() == Some(desired.json.as_str())
+                && cm.hash_annotation.as_deref() == Some(desired.hash.as_str())
             {
                 Plan::UpToDate
             } else {
-                Plan::Apply(build(name, namespace, d, Some(cm.resource_version.clone())))
+                Plan::Apply(build(
+                    name,
+                    namespace,
+                    desired,
+                    Some(cm.resource_version.clone()),
+                ))
             }
         }
     }
@@ -114,6 +115,14 @@ mod tests {
         Desired {
             json: json.to_owned(),
             hash: format!("h-{json}"),
+            has_policies: true,
+        }
+    }
+
+    fn empty() -> Desired {
+        Desired {
+            has_policies: false,
+            ..desired("empty")
         }
     }
 
@@ -122,6 +131,7 @@ mod tests {
             uid: "u".to_owned(),
             resource_version: "7".to_owned(),
             managed,
+            labelled: managed,
             document: json.map(str::to_owned),
             hash_annotation: json.map(|j| format!("h-{j}")),
         }
@@ -130,28 +140,18 @@ mod tests {
     #[test]
     fn creates_when_missing_and_skips_when_equal() {
         assert!(matches!(
-            plan("cm", "ns", None, Some(&desired("{}"))),
+            plan("cm", "ns", None, &desired("{}")),
             Plan::Create(_)
         ));
         assert_eq!(
-            plan(
-                "cm",
-                "ns",
-                Some(&view(true, Some("{}"))),
-                Some(&desired("{}"))
-            ),
+            plan("cm", "ns", Some(&view(true, Some("{}"))), &desired("{}")),
             Plan::UpToDate
         );
     }
 
     #[test]
     fn applies_with_the_compared_resource_version() {
-        match plan(
-            "cm",
-            "ns",
-            Some(&view(true, Some("old"))),
-            Some(&desired("new")),
-        ) {
+        match plan("cm", "ns", Some(&view(true, Some("old"))), &desired("new")) {
             Plan::Apply(cm) => {
                 assert_eq!(cm.metadata.resource_version.as_deref(), Some("7"));
                 assert_eq!(
@@ -168,29 +168,49 @@ mod tests {
     }
 
     #[test]
-    fn never_touches_a_foreign_configmap() {
-        let foreign = view(false, Some("theirs"));
-        assert_eq!(
-            plan("cm", "ns", Some(&foreign), Some(&desired("x"))),
-            Plan::NotOwned
-        );
-        assert_eq!(plan("cm", "ns", Some(&foreign), None), Plan::NotOwned);
+    fn puts_back_a_label_removed_from_ours() {
+        let unlabelled = ConfigMapView {
+            labelled: false,
+            ..view(true, Some("{}"))
+        };
+        assert!(matches!(
+            plan("cm", "ns", Some(&unlabelled), &desired("{}")),
+            Plan::Apply(_)
+        ));
     }
 
     #[test]
-    fn deletes_ours_when_no_policies_are_left() {
-        assert!(matches!(
-            plan("cm", "ns", Some(&view(true, Some("x"))), None),
-            Plan::Delete { .. }
-        ));
-        assert_eq!(plan("cm", "ns", None, None), Plan::UpToDate);
+    fn never_touches_a_foreign_configmap() {
+        let foreign = view(false, Some("theirs"));
+        assert_eq!(
+            plan("cm", "ns", Some(&foreign), &desired("x")),
+            Plan::NotOwned
+        );
+        assert_eq!(plan("cm", "ns", Some(&foreign), &empty()), Plan::NotOwned);
+    }
+
+    #[test]
+    fn keeps_ours_with_the_empty_document_when_no_policies_are_left() {
+        match plan("cm", "ns", Some(&view(true, Some("x"))), &empty()) {
+            Plan::Apply(cm) => {
+                let data = cm.data.unwrap_or_default();
+                assert_eq!(data.get(CONFIGMAP_KEY).map(String::as_str), Some("empty"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(
+            plan("cm", "ns", Some(&view(true, Some("empty"))), &empty()),
+            Plan::UpToDate
+        );
+        // A namespace without policies never gets one.
+        assert_eq!(plan("cm", "ns", None, &empty()), Plan::UpToDate);
     }
 
     #[test]
     fn refuses_oversize_documents() {
         let big = desired(&"x".repeat(MAX_DOCUMENT_BYTES + 1));
         assert!(matches!(
-            plan("cm", "ns", None, Some(&big)),
+            plan("cm", "ns", None, &big),
             Plan::TooLarge { .. }
         ));
     }

@@ -24,11 +24,18 @@ use tracing::{debug, info, warn};
 
 use crate::Config;
 use crate::backoff::{Requeue, WatchBackoff};
+use crate::context::{Context, Stores};
 use crate::events::Events;
 use crate::metrics::Metrics;
-use crate::objects::{policy_resource, slim};
-use crate::reconcile::{Context, Stores, error_policy, reconcile};
+use crate::objects::{policy_resource, slim_configmap, slim_policy};
+use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
+
+/// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,
+/// policies with 256 KiB annotations) is never decoded all at once; only the slimmed
+/// objects stay.
+const POLICY_PAGE: u32 = 100;
+const CONFIGMAP_PAGE: u32 = 8;
 
 /// One item of the merged watch streams.
 enum Incoming {
@@ -69,9 +76,9 @@ pub async fn run(
         stores.policies.push(writer.as_reader());
         let scope_name = scope.clone();
         streams.push(
-            watcher(policies, watcher::Config::default())
+            watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
                 .backoff(WatchBackoff::new(format!("policies/{stream}")))
-                .map_ok(|e| e.modify(slim))
+                .map_ok(|e| e.modify(slim_policy))
                 .reflect(writer)
                 .map(move |r| match r {
                     Ok(event) => Incoming::Policy {
@@ -91,15 +98,20 @@ pub async fn run(
         let writer = Writer::new(());
         stores.configmaps.push(writer.as_reader());
         streams.push(
-            watcher(configmaps, watcher::Config::default().fields(&cm_selector))
-                .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
-                .map_ok(|e| e.modify(slim))
-                .reflect(writer)
-                .map(move |r| match r {
-                    Ok(event) => Incoming::ConfigMap { stream, event },
-                    Err(e) => Incoming::Error(e),
-                })
-                .boxed(),
+            watcher(
+                configmaps,
+                watcher::Config::default()
+                    .fields(&cm_selector)
+                    .page_size(CONFIGMAP_PAGE),
+            )
+            .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
+            .map_ok(|e| e.modify(slim_configmap))
+            .reflect(writer)
+            .map(move |r| match r {
+                Ok(event) => Incoming::ConfigMap { stream, event },
+                Err(e) => Incoming::Error(e),
+            })
+            .boxed(),
         );
     }
 
@@ -186,7 +198,8 @@ impl Router {
             }
             Incoming::Error(e) => {
                 self.metrics.watch_error();
-                warn!(error = %e, "watch failed; retrying with backoff");
+                let code = crate::error::watch_status_code(&e);
+                warn!(error = %e, code, "watch failed; retrying with backoff");
                 (Vec::new(), "")
             }
         };

@@ -24,6 +24,14 @@ impl Error {
         }
     }
 
+    /// The API server's HTTP status code, if it answered (a structured log field).
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Error::Api { source, .. } => status_code(source),
+            Error::Conflict(_) => Some(409),
+        }
+    }
+
     /// Stable label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -38,5 +46,15 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
     match error {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
+    }
+}
+
+/// The HTTP status code behind a watch failure, if the server answered.
+pub fn watch_status_code(error: &kube::runtime::watcher::Error) -> Option<u16> {
+    use kube::runtime::watcher::Error as W;
+    match error {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => status_code(e),
+        W::WatchError(status) => Some(status.code),
+        W::NoResourceVersion => None,
     }
 }

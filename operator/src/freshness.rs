@@ -18,8 +18,7 @@ pub fn compare(a: &str, b: &str) -> Option<Ordering> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Written<T> {
     pub resource_version: String,
-    /// `None` records a deletion.
-    pub value: Option<T>,
+    pub value: T,
 }
 
 /// The newest known state of one object. `cached` is the watch cache's view: the
@@ -33,15 +32,13 @@ pub fn newest<'a, T>(
         return cached.and_then(|(_, v)| v);
     };
     let Some((rv, value)) = cached else {
-        return w.value.as_ref();
+        return Some(&w.value);
     };
     match compare(rv, &w.resource_version) {
+        // The cache still shows what was there before our write.
+        Some(Ordering::Less) => Some(&w.value),
         // The cache holds our write or something after it.
-        Some(Ordering::Greater) => value,
-        Some(Ordering::Equal) if w.value.is_some() => value,
-        // The cache still shows what was there before our write (or delete).
-        Some(_) => w.value.as_ref(),
-        None => value,
+        _ => value,
     }
 }
 
@@ -49,7 +46,7 @@ pub fn newest<'a, T>(
 mod tests {
     use super::*;
 
-    fn written(rv: &str, v: Option<i32>) -> Written<i32> {
+    fn written(rv: &str, v: i32) -> Written<i32> {
         Written {
             resource_version: rv.to_owned(),
             value: v,
@@ -64,7 +61,7 @@ mod tests {
 
     #[test]
     fn stale_cache_loses_to_our_write() {
-        let w = written("10", Some(2));
+        let w = written("10", 2);
         assert_eq!(newest(Some(("9", Some(&1))), Some(&w)), Some(&2));
         assert_eq!(newest(Some(("10", Some(&2))), Some(&w)), Some(&2));
         assert_eq!(newest(Some(("11", Some(&3))), Some(&w)), Some(&3));
@@ -72,12 +69,5 @@ mod tests {
         assert_eq!(newest(Some(("11", None)), Some(&w)), None);
         assert_eq!(newest(None, Some(&w)), Some(&2));
         assert_eq!(newest(Some(("9", Some(&1))), None), Some(&1));
-    }
-
-    #[test]
-    fn a_deletion_hides_the_stale_object_but_not_a_recreated_one() {
-        let w = written("10", None);
-        assert_eq!(newest(Some(("10", Some(&1))), Some(&w)), None);
-        assert_eq!(newest(Some(("12", Some(&5))), Some(&w)), Some(&5));
     }
 }

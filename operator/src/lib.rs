@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod config;
 pub mod configmap;
+pub mod context;
 pub mod controller;
 pub mod error;
 pub mod events;

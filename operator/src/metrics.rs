@@ -28,6 +28,7 @@ pub struct Metrics {
     reconcile_seconds: Histogram,
     api_writes: Family<Label, Counter>,
     watch_errors: Counter,
+    http_refused: Counter,
     policies_compiled: Gauge,
     policies_not_ready: Gauge,
     configmap_bytes: Gauge,
@@ -69,6 +70,12 @@ impl Metrics {
             "Watch stream errors (each is retried with backoff)",
             watch_errors.clone(),
         );
+        let http_refused = Counter::default();
+        registry.register(
+            "http_connections_refused",
+            "Connections to this server closed unserved because it was at its connection cap",
+            http_refused.clone(),
+        );
         let policies_compiled = Gauge::default();
         registry.register(
             "policies_compiled",
@@ -99,6 +106,7 @@ impl Metrics {
             reconcile_seconds,
             api_writes,
             watch_errors,
+            http_refused,
             policies_compiled,
             policies_not_ready,
             configmap_bytes,
@@ -121,6 +129,10 @@ impl Metrics {
 
     pub fn watch_error(&self) {
         self.watch_errors.inc();
+    }
+
+    pub fn http_refused(&self) {
+        self.http_refused.inc();
     }
 
     pub fn set_leader(&self, leader: bool) {

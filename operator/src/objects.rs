@@ -5,9 +5,15 @@
 //! that policy, not a watch error that stops every namespace.
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ApiResource, DynamicObject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
+
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+/// Copy of the document hash, so `kubectl get -o jsonpath` can check convergence.
+pub const HASH_ANNOTATION: &str = "rebound.dev/hash";
 
 /// The RetryPolicy resource, for `Api<DynamicObject>`.
 pub fn policy_resource() -> ApiResource {
@@ -87,14 +93,59 @@ fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> 
     })
 }
 
-/// Drops what the operator never reads (managed fields, kubectl's last-applied copy) so
-/// the watch caches stay small.
-pub fn slim<K: Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
+/// Keeps of a RetryPolicy what a reconcile reads (identity, generation, spec, status)
+/// before it enters the watch cache. Labels, annotations (up to 256 KiB per object),
+/// managed fields and owner references are never read.
+pub fn slim_policy(obj: &mut DynamicObject) {
+    let meta = &mut obj.metadata;
     meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    if let Some(fields) = obj.data.as_object_mut() {
+        fields.retain(|k, _| k == "spec" || k == "status");
     }
+}
+
+/// Keeps of a ConfigMap what a reconcile reads before it enters the watch cache. Of
+/// someone else's ConfigMap (of our name) only its identity stays: its data can be
+/// 1 MiB. Of ours: the document, the hash annotation, our labels, and of `managedFields`
+/// an empty entry for our field manager, which tells a ConfigMap we wrote whose label
+/// someone removed (drift, to be repaired) from someone else's.
+pub fn slim_configmap(cm: &mut ConfigMap) {
+    let view = ConfigMapView::from_configmap(cm);
+    let meta = &mut cm.metadata;
+    meta.owner_references = None;
+    cm.binary_data = None;
+    if !view.managed {
+        meta.managed_fields = None;
+        meta.annotations = None;
+        meta.labels = None;
+        cm.data = None;
+        return;
+    }
+    meta.managed_fields = written_by_us(meta).then(|| {
+        vec![ManagedFieldsEntry {
+            manager: Some(crate::FIELD_MANAGER.to_owned()),
+            ..ManagedFieldsEntry::default()
+        }]
+    });
+    let keep = |map: &mut Option<std::collections::BTreeMap<String, String>>, keys: &[&str]| {
+        if let Some(m) = map.as_mut() {
+            m.retain(|k, _| keys.contains(&k.as_str()));
+        }
+    };
+    keep(&mut meta.annotations, &[HASH_ANNOTATION]);
+    keep(&mut meta.labels, &[MANAGED_BY_LABEL, PART_OF_LABEL]);
+    keep(&mut cm.data, &[rebound_policy::compiled::CONFIGMAP_KEY]);
+}
+
+/// The object has fields owned by the operator's field manager: the operator wrote it.
+fn written_by_us(meta: &ObjectMeta) -> bool {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .any(|e| e.manager.as_deref() == Some(crate::FIELD_MANAGER))
 }
 
 /// The part of a ConfigMap the operator compares and preconditions on.
@@ -102,8 +153,11 @@ pub fn slim<K: Resource>(obj: &mut K) {
 pub struct ConfigMapView {
     pub uid: String,
     pub resource_version: String,
-    /// Carries `app.kubernetes.io/managed-by: rebound-operator`.
+    /// Ours: carries `app.kubernetes.io/managed-by: rebound-operator`, or was written by
+    /// the operator's field manager (then a missing label is drift).
     pub managed: bool,
+    /// Carries both of our labels with our values.
+    pub labelled: bool,
     /// The compiled document, if present.
     pub document: Option<String>,
     pub hash_annotation: Option<String>,
@@ -111,22 +165,21 @@ pub struct ConfigMapView {
 
 impl ConfigMapView {
     pub fn from_configmap(cm: &ConfigMap) -> Self {
+        let label = |key: &str| cm.labels().get(key).map(String::as_str);
+        let labelled = label(MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
+            && label(PART_OF_LABEL) == Some("rebound");
         Self {
             uid: cm.uid().unwrap_or_default(),
             resource_version: cm.resource_version().unwrap_or_default(),
-            managed: cm
-                .labels()
-                .get(crate::configmap::MANAGED_BY_LABEL)
-                .is_some_and(|v| v == crate::FIELD_MANAGER),
+            managed: label(MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
+                || written_by_us(cm.meta()),
+            labelled,
             document: cm
                 .data
                 .as_ref()
                 .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
                 .cloned(),
-            hash_annotation: cm
-                .annotations()
-                .get(crate::configmap::HASH_ANNOTATION)
-                .cloned(),
+            hash_annotation: cm.annotations().get(HASH_ANNOTATION).cloned(),
         }
     }
 }
@@ -162,16 +215,87 @@ mod tests {
     }
 
     #[test]
-    fn slim_drops_last_applied() {
+    fn slim_policy_keeps_spec_and_status_only() {
+        let mut obj = object(json!({"queues": ["a"]}));
+        obj.data["status"] = json!({"observedGeneration": 3});
+        obj.data["extra"] = json!("x".repeat(1000));
+        obj.metadata.annotations = Some([("big".to_owned(), "x".repeat(256 * 1024))].into());
+        obj.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
+        let before = PolicyView::from_dynamic(&obj).expect("view");
+        slim_policy(&mut obj);
+        assert!(obj.metadata.annotations.is_none() && obj.metadata.labels.is_none());
+        assert!(obj.data.get("extra").is_none());
+        let after = PolicyView::from_dynamic(&obj).expect("view");
+        assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    fn configmap(labels: &[(&str, &str)], data: &[(&str, &str)]) -> ConfigMap {
+        let map = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
         let mut cm = ConfigMap::default();
-        cm.metadata.annotations = Some(
-            [(
-                "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
-                "{}".to_owned(),
-            )]
-            .into(),
-        );
-        slim(&mut cm);
-        assert!(cm.metadata.annotations.unwrap_or_default().is_empty());
+        cm.metadata.labels = map(labels);
+        cm.metadata.annotations = map(&[
+            ("rebound.dev/hash", "sha256:1"),
+            ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+        ]);
+        cm.data = map(data);
+        cm
+    }
+
+    #[test]
+    fn slim_drops_the_data_of_foreign_configmaps() {
+        let big = "x".repeat(1024 * 1024);
+        let mut foreign = configmap(&[("app", "theirs")], &[("blob", &big)]);
+        slim_configmap(&mut foreign);
+        assert!(foreign.data.is_none() && foreign.metadata.annotations.is_none());
+        assert!(!ConfigMapView::from_configmap(&foreign).managed);
+    }
+
+    #[test]
+    fn slim_keeps_what_is_compared_of_ours() {
+        let labels = [
+            ("app.kubernetes.io/managed-by", "rebound-operator"),
+            ("app.kubernetes.io/part-of", "rebound"),
+            ("team", "a"),
+        ];
+        let mut ours = configmap(&labels, &[("policies.json", "{}"), ("extra", "x")]);
+        let before = ConfigMapView::from_configmap(&ours);
+        slim_configmap(&mut ours);
+        assert_eq!(ConfigMapView::from_configmap(&ours), before);
+        assert_eq!(ours.data.as_ref().map(|d| d.len()), Some(1));
+        assert_eq!(ours.metadata.annotations.as_ref().map(|a| a.len()), Some(1));
+        assert_eq!(ours.metadata.labels.as_ref().map(|l| l.len()), Some(2));
+    }
+
+    fn managed_by(manager: &str) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.to_owned()),
+            operation: Some("Apply".to_owned()),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn a_configmap_we_wrote_stays_ours_without_its_label() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.managed_fields = Some(vec![
+            managed_by("kubectl"),
+            managed_by(crate::FIELD_MANAGER),
+        ]);
+        slim_configmap(&mut cm);
+        assert!(ConfigMapView::from_configmap(&cm).managed);
+        assert_eq!(cm.metadata.managed_fields.as_ref().map(Vec::len), Some(1));
+
+        let mut foreign = ConfigMap::default();
+        foreign.metadata.managed_fields = Some(vec![managed_by("kubectl")]);
+        slim_configmap(&mut foreign);
+        assert!(!ConfigMapView::from_configmap(&foreign).managed);
+        assert!(foreign.metadata.managed_fields.is_none());
     }
 }

@@ -2,85 +2,26 @@
 //! cache, bring the ConfigMap to the compiled document, then write each policy's status if
 //! (and only if) it differs from what the policy already shows.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::cmp::Ordering;
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::ResourceExt;
-use kube::api::DynamicObject;
+use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
-use rebound_policy::spec::ScheduleSummary;
-use rebound_policy::{PolicyOutcome, PolicySource, RetryPolicyStatus, compile};
+use rebound_policy::{PolicyOutcome, PolicySource, compile};
 use tracing::{debug, warn};
 
 use crate::configmap::{self, Desired, Plan};
+use crate::context::{Context, Memory};
 use crate::error::Error;
-use crate::events::Events;
-use crate::freshness::{Written, newest};
-use crate::metrics::{Metrics, NamespaceFigures};
+use crate::freshness::{Written, compare};
+use crate::metrics::NamespaceFigures;
 use crate::objects::{ConfigMapView, PolicyView};
 use crate::status::{Blocked, Verdict};
 use crate::writes::{write_configmap, write_statuses};
-use crate::{Config, backoff::Requeue};
-
-/// The watch caches a reconcile reads from (one per watched scope).
-#[derive(Clone, Default)]
-pub struct Stores {
-    pub policies: Vec<Store<DynamicObject>>,
-    pub configmaps: Vec<Store<ConfigMap>>,
-}
-
-impl Stores {
-    fn policies_in(&self, namespace: &str) -> Vec<PolicyView> {
-        self.policies
-            .iter()
-            .flat_map(|s| s.state_filter(|o| o.namespace().as_deref() == Some(namespace)))
-            .filter_map(|o| PolicyView::from_dynamic(&o))
-            .collect()
-    }
-
-    fn configmap(&self, namespace: &str, name: &str) -> Option<ConfigMapView> {
-        let key = ObjectRef::<ConfigMap>::new(name).within(namespace);
-        self.configmaps
-            .iter()
-            .find_map(|s| s.get(&key))
-            .map(|cm| ConfigMapView::from_configmap(&cm))
-    }
-}
-
-/// What a namespace's reconciles remember between runs: our own writes (until the watch
-/// cache catches up) and the schedule summaries (one simulation per policy generation).
-#[derive(Default)]
-pub struct Memory {
-    pub(crate) configmap: Option<Written<ConfigMapView>>,
-    pub(crate) statuses: HashMap<String, Written<RetryPolicyStatus>>,
-    pub(crate) summaries: HashMap<String, (i64, ScheduleSummary)>,
-}
-
-/// Everything a reconcile needs; shared by all of them.
-pub struct Context {
-    pub client: kube::Client,
-    pub config: Arc<Config>,
-    pub stores: Stores,
-    pub memory: Mutex<HashMap<String, Memory>>,
-    pub requeue: Requeue,
-    pub metrics: Arc<Metrics>,
-    pub events: Events,
-}
-
-impl Context {
-    fn take_memory(&self, namespace: &str) -> Memory {
-        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        all.remove(namespace).unwrap_or_default()
-    }
-
-    fn put_memory(&self, namespace: &str, memory: Memory) {
-        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        all.insert(namespace.to_owned(), memory);
-    }
-}
 
 /// The controller's reconcile function; the key is a namespace.
 pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -102,7 +43,7 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
 pub fn error_policy(key: Arc<Namespace>, error: &Error, ctx: Arc<Context>) -> Action {
     let namespace = key.name_any();
     let delay = ctx.requeue.failed(&namespace);
-    warn!(%namespace, error = %error, kind = error.kind(), retry_in_ms = delay.as_millis() as u64, "reconcile failed");
+    warn!(%namespace, error = %error, kind = error.kind(), code = error.code(), retry_in_ms = delay.as_millis() as u64, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -134,20 +75,28 @@ async fn reconcile_namespace(
         })
         .collect();
     let compilation = compile(namespace, sources);
-    let desired = (!views.is_empty()).then(|| Desired {
+    let desired = Desired {
         json: compilation.document.to_json(),
         hash: compilation.document.hash.clone(),
-    });
+        has_policies: !views.is_empty(),
+    };
 
     let cached = ctx.stores.configmap(namespace, cm_name);
-    let current = newest(
-        cached
-            .as_ref()
-            .map(|c| (c.resource_version.as_str(), Some(c))),
-        memory.configmap.as_ref(),
-    )
-    .cloned();
-    let plan = configmap::plan(cm_name, namespace, current.as_ref(), desired.as_ref());
+    let current = match seen_configmap(cached, &mut memory.configmap) {
+        Seen::Known(view) => view,
+        Seen::AskServer => {
+            let live = live_configmap(ctx, namespace, cm_name).await?;
+            // Gone: nothing of our write is left. Present: it stands in until the cache has it.
+            memory.configmap = live.clone().map(|v| Written {
+                resource_version: v.resource_version.clone(),
+                value: v,
+            });
+            live
+        }
+    };
+    let plan = configmap::plan(cm_name, namespace, current.as_ref(), &desired);
+    // After a successful write the ConfigMap exists unless there was none and none is wanted.
+    let exists = current.is_some() || desired.has_policies;
     let mut blocked = match &plan {
         Plan::NotOwned => Some(Blocked::NotOwned {
             configmap: cm_name.to_owned(),
@@ -178,15 +127,15 @@ async fn reconcile_namespace(
             (v, verdict)
         })
         .collect();
-    refresh_summaries(memory, &compilation);
+    refresh_summaries(memory, &compilation).await;
     let figures = NamespaceFigures {
         compiled: compilation.document.policies.len() as i64,
         not_ready: verdicts
             .iter()
             .filter(|(_, v)| !matches!(v, Verdict::Serving { .. }))
             .count() as i64,
-        configmap_bytes: match (&blocked, &desired) {
-            (None, Some(d)) => d.json.len() as i64,
+        configmap_bytes: match (&blocked, exists) {
+            (None, true) => desired.json.len() as i64,
             _ => current
                 .as_ref()
                 .filter(|c| c.managed)
@@ -202,6 +151,50 @@ async fn reconcile_namespace(
         Some(e) => Err(e),
         None => status_result,
     }
+}
+
+/// The ConfigMap as a reconcile should compare against, from the watch cache and the
+/// remembered write.
+#[derive(Debug, PartialEq)]
+pub enum Seen {
+    Known(Option<ConfigMapView>),
+    /// The cache lacks an object we wrote: either it has not caught up with our create yet,
+    /// or the object was deleted since. Only the server can tell.
+    AskServer,
+}
+
+/// Decides which view of the ConfigMap is current. The remembered write stands in only
+/// while the cache holds an older version of the object; once the cache has caught up it
+/// is forgotten, so a later deletion or edit is seen as it is.
+pub fn seen_configmap(
+    cached: Option<ConfigMapView>,
+    written: &mut Option<Written<ConfigMapView>>,
+) -> Seen {
+    match (cached, written.as_ref()) {
+        (cached, None) => Seen::Known(cached),
+        (None, Some(_)) => Seen::AskServer,
+        (Some(c), Some(w)) => match compare(&c.resource_version, &w.resource_version) {
+            Some(Ordering::Less) => Seen::Known(Some(w.value.clone())),
+            _ => {
+                *written = None;
+                Seen::Known(Some(c))
+            }
+        },
+    }
+}
+
+/// Reads the ConfigMap from the API server (when the cache cannot tell, see [`Seen`]).
+async fn live_configmap(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<ConfigMapView>, Error> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::api(format!("reading ConfigMap {namespace}/{name}"), e))?;
+    Ok(found.as_ref().map(ConfigMapView::from_configmap))
 }
 
 /// What compiling did to one policy, given whether the document could be written.
@@ -231,21 +224,105 @@ fn verdict(
     }
 }
 
-/// Simulates new policy generations and forgets policies that are gone.
-fn refresh_summaries(memory: &mut Memory, compilation: &rebound_policy::Compilation) {
-    let mut present = HashSet::new();
-    for p in &compilation.document.policies {
-        present.insert(p.uid.clone());
-        let fresh = memory
-            .summaries
-            .get(&p.uid)
-            .is_some_and(|(generation, _)| *generation == p.generation);
-        if !fresh {
-            let summary = crate::summary::summarize(&p.identity(), &p.params);
+/// Simulates new policy generations (on the blocking pool: a summary is CPU work that
+/// must not hold up the async workers, which also renew the Lease) and forgets policies
+/// that are gone.
+async fn refresh_summaries(memory: &mut Memory, compilation: &rebound_policy::Compilation) {
+    let present: HashSet<String> = compilation
+        .document
+        .policies
+        .iter()
+        .map(|p| p.uid.clone())
+        .collect();
+    memory.summaries.retain(|uid, _| present.contains(uid));
+    let stale: Vec<(String, i64, String, rebound_policy::ResolvedPolicy)> = compilation
+        .document
+        .policies
+        .iter()
+        .filter(|p| {
             memory
                 .summaries
-                .insert(p.uid.clone(), (p.generation, summary));
+                .get(&p.uid)
+                .is_none_or(|(generation, _)| *generation != p.generation)
+        })
+        .map(|p| (p.uid.clone(), p.generation, p.identity(), p.params.clone()))
+        .collect();
+    if stale.is_empty() {
+        return;
+    }
+    let computed = tokio::task::spawn_blocking(move || {
+        stale
+            .into_iter()
+            .map(|(uid, generation, identity, params)| {
+                (
+                    uid,
+                    (generation, crate::summary::summarize(&identity, &params)),
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    match computed {
+        Ok(summaries) => memory.summaries.extend(summaries),
+        // Only a panic in the simulation gets here; statuses go out without a summary.
+        Err(e) => warn!(error = %e, "schedule summary failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(rv: &str) -> ConfigMapView {
+        ConfigMapView {
+            uid: "u".to_owned(),
+            resource_version: rv.to_owned(),
+            managed: true,
+            labelled: true,
+            document: Some(format!("doc@{rv}")),
+            hash_annotation: None,
         }
     }
-    memory.summaries.retain(|uid, _| present.contains(uid));
+
+    fn wrote(rv: &str) -> Option<Written<ConfigMapView>> {
+        Some(Written {
+            resource_version: rv.to_owned(),
+            value: view(rv),
+        })
+    }
+
+    #[test]
+    fn our_write_stands_in_only_until_the_cache_catches_up() {
+        let mut memory = wrote("10");
+        assert_eq!(
+            seen_configmap(Some(view("9")), &mut memory),
+            Seen::Known(Some(view("10")))
+        );
+        assert!(memory.is_some());
+        assert_eq!(
+            seen_configmap(Some(view("10")), &mut memory),
+            Seen::Known(Some(view("10")))
+        );
+        assert!(memory.is_none(), "caught up: forgotten");
+        // Then someone deletes it: the cache's word is final.
+        assert_eq!(seen_configmap(None, &mut memory), Seen::Known(None));
+    }
+
+    #[test]
+    fn a_missing_object_we_wrote_is_asked_for() {
+        // Right after a create, or deleted before the cache saw our write.
+        let mut memory = wrote("10");
+        assert_eq!(seen_configmap(None, &mut memory), Seen::AskServer);
+        let mut nothing = None;
+        assert_eq!(seen_configmap(None, &mut nothing), Seen::Known(None));
+    }
+
+    #[test]
+    fn an_edit_after_our_write_wins() {
+        let mut memory = wrote("10");
+        assert_eq!(
+            seen_configmap(Some(view("12")), &mut memory),
+            Seen::Known(Some(view("12")))
+        );
+    }
 }

@@ -6,17 +6,17 @@ use std::collections::HashSet;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use rebound_policy::{RetryPolicy, RetryPolicyStatus};
 use tracing::{debug, info};
 
 use crate::FIELD_MANAGER;
 use crate::configmap::Plan;
+use crate::context::{Context, Memory};
 use crate::error::{Error, status_code};
 use crate::freshness::{Written, newest};
 use crate::objects::{ConfigMapView, PolicyView, policy_resource};
-use crate::reconcile::{Context, Memory};
 use crate::status::{self, Verdict};
 
 /// Status writes in flight at once within one namespace.
@@ -33,7 +33,7 @@ pub(crate) async fn write_configmap(
     let conflict = || Error::Conflict(format!("ConfigMap {namespace}/{name}"));
     let record = |cm: &ConfigMap| Written {
         resource_version: cm.resource_version().unwrap_or_default(),
-        value: Some(ConfigMapView::from_configmap(cm)),
+        value: ConfigMapView::from_configmap(cm),
     };
     match plan {
         Plan::UpToDate | Plan::NotOwned | Plan::TooLarge { .. } => Ok(()),
@@ -68,41 +68,6 @@ pub(crate) async fn write_configmap(
                 Err(e) if matches!(status_code(&e), Some(409) | Some(404)) => Err(conflict()),
                 Err(e) => Err(Error::api(
                     format!("applying ConfigMap {namespace}/{name}"),
-                    e,
-                )),
-            }
-        }
-        Plan::Delete {
-            uid,
-            resource_version,
-        } => {
-            ctx.metrics.wrote("configmap");
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid),
-                    resource_version: Some(resource_version.clone()),
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(name, &params).await {
-                Ok(_) => {
-                    info!(%namespace, configmap = name, "deleted ConfigMap: no RetryPolicies left");
-                    memory.configmap = Some(Written {
-                        resource_version,
-                        value: None,
-                    });
-                    Ok(())
-                }
-                Err(e) if status_code(&e) == Some(404) => {
-                    memory.configmap = Some(Written {
-                        resource_version,
-                        value: None,
-                    });
-                    Ok(())
-                }
-                Err(e) if status_code(&e) == Some(409) => Err(conflict()),
-                Err(e) => Err(Error::api(
-                    format!("deleting ConfigMap {namespace}/{name}"),
                     e,
                 )),
             }
@@ -175,7 +140,7 @@ pub(crate) async fn write_statuses(
                     view.uid.clone(),
                     Written {
                         resource_version,
-                        value: Some(desired),
+                        value: desired,
                     },
                 );
             }

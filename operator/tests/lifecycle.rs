@@ -101,16 +101,29 @@ async fn apply_update_delete() -> Result<()> {
         "resync did not run ({reconciles} reconciles)"
     );
 
-    // Delete one: gone from the document; delete the last: the ConfigMap is removed.
+    // Delete one: gone from the document.
     env.kubectl(["delete", "retrypolicy", "emails"])?.ok()?;
     let doc = converged(client, ns, WAIT).await?;
     ensure!(names(&doc) == BTreeSet::from(["webhooks".into()]));
-    env.kubectl(["delete", "retrypolicy", "webhooks"])?.ok()?;
+    // Delete the last: the ConfigMap stays, holding the empty, hash-stamped document the
+    // compiler makes of no policies (sidecars then answer NOT_FOUND, not the old policy).
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    eventually("the ConfigMap to be deleted", WAIT, || async {
-        Ok(cms.get_opt(CM).await?.is_none().then_some(()))
+    let uid = cms.get(CM).await?.metadata.uid;
+    env.kubectl(["delete", "retrypolicy", "webhooks"])?.ok()?;
+    let doc = converged(client, ns, WAIT).await?;
+    ensure!(doc.policies.is_empty(), "{doc:?}");
+    ensure!(doc == rebound_policy::compile(ns, Vec::new()).document);
+    // ...and keeps it through resyncs.
+    let reconciles = op.metric("rebound_operator_reconciles_total")?;
+    eventually("two more resyncs", WAIT, || async {
+        Ok((op.metric("rebound_operator_reconciles_total")? >= reconciles + 2.0).then_some(()))
     })
     .await?;
+    let cm = cms.get_opt(CM).await?;
+    ensure!(
+        cm.and_then(|c| c.metadata.uid) == uid,
+        "the ConfigMap was replaced or deleted"
+    );
     Ok(())
 }
 
@@ -168,24 +181,48 @@ async fn conflict_names_the_winner() -> Result<()> {
 async fn foreign_configmap_is_never_adopted() -> Result<()> {
     let env = TestEnv::new("op-foreign").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
-    env.kubectl([
-        "create",
-        "configmap",
-        CM,
-        "--from-literal=owner=someone-else",
-    ])?
-    .ok()?;
+    // Large, like the ones that filled the operator's watch cache: only their identity is
+    // kept there now (objects::slim_configmap), and that is enough to tell them apart.
+    let blob = "x".repeat(512 * 1024);
+    let foreign = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(CM.to_owned()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                ("blob".to_owned(), blob.clone()),
+                ("owner".to_owned(), "someone-else".to_owned()),
+            ]
+            .into(),
+        ),
+        ..ConfigMap::default()
+    };
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    cms.create(&Default::default(), &foreign).await?;
     let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &[]))?;
-    env.kubectl_stdin(["apply", "-f", "-"], &policy("p", &["jobs"], 4))?
+    // A policy with a large annotation (dropped from the cache) compiles as usual.
+    let annotated = policy("p", &["jobs"], 4).replace(
+        "metadata:\n  name: p\n",
+        &format!(
+            "metadata:\n  name: p\n  annotations:\n    note: {}\n",
+            "y".repeat(200 * 1024)
+        ),
+    );
+    env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &annotated)?
         .ok()?;
 
     let p = wait_for_reason(client, ns, "p", "ConfigMapNotOwned", WAIT).await?;
     let status = p.status.unwrap_or_default();
     ensure!(condition(&status.conditions, "Stalled").is_some_and(|c| c.status == "True"));
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let cm = cms.get(CM).await?;
     ensure!(
-        cm.data.unwrap_or_default() == [("owner".to_owned(), "someone-else".to_owned())].into(),
+        cm.data.unwrap_or_default()
+            == [
+                ("blob".to_owned(), blob),
+                ("owner".to_owned(), "someone-else".to_owned())
+            ]
+            .into(),
         "the foreign ConfigMap was modified"
     );
     ensure!(cm.metadata.labels.unwrap_or_default().is_empty());

@@ -37,7 +37,7 @@ impl Operator {
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{}.log", rebound_tests::unique_name("operator")));
         let file = std::fs::File::create(&log).context("creating the operator log")?;
-        let child = Command::new(env!("CARGO_BIN_EXE_rebound-operator"))
+        let child = Command::new(operator_bin())
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,rebound_operator=debug")
             .arg(format!("--metrics-addr={metrics}"))
@@ -114,6 +114,32 @@ impl Operator {
             .is_ok_and(|v| v == 1.0)
     }
 
+    /// Every record the operator logged so far (it runs with `--log-format=json`: one JSON
+    /// object per line, event fields flattened next to `level`, `target`, `timestamp`).
+    /// A last line still being written is skipped; any other line that is not a JSON
+    /// object is an error.
+    pub fn logs(&self) -> Result<Vec<LogRecord>> {
+        let text = std::fs::read_to_string(&self.log).context("reading the operator log")?;
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str::<LogRecord>(l)
+                    .with_context(|| format!("operator log line is not a JSON object: {l}"))
+            })
+            .collect()
+    }
+
+    /// The records logged at level WARN or ERROR.
+    pub fn warnings(&self) -> Result<Vec<LogRecord>> {
+        Ok(self
+            .logs()?
+            .into_iter()
+            .filter(|r| matches!(field(r, "level"), Some("WARN" | "ERROR")))
+            .collect())
+    }
+
     /// The log so far, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -126,6 +152,23 @@ impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The binary under test. REBOUND_OPERATOR_BIN runs the tests against another build (e.g.
+/// an older one, to see a new test fail before its fix).
+pub fn operator_bin() -> PathBuf {
+    std::env::var_os("REBOUND_OPERATOR_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_rebound-operator")),
+        PathBuf::from,
+    )
+}
+
+/// One line of the operator's JSON log.
+pub type LogRecord = serde_json::Map<String, serde_json::Value>;
+
+/// A string field of a log record.
+pub fn field<'a>(record: &'a LogRecord, name: &str) -> Option<&'a str> {
+    record.get(name).and_then(serde_json::Value::as_str)
 }
 
 /// Sums the samples of `name` (any labels) in Prometheus text format.

@@ -1,0 +1,77 @@
+//! What reconciles share: the watch caches they read, the memory each namespace keeps
+//! between its reconciles, and the clients they write with. Its own module so that
+//! [`crate::reconcile`] (deciding) and [`crate::writes`] (executing) both depend on it and
+//! not on each other.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::{ObjectRef, Store};
+use rebound_policy::RetryPolicyStatus;
+use rebound_policy::spec::ScheduleSummary;
+
+use crate::events::Events;
+use crate::freshness::Written;
+use crate::metrics::Metrics;
+use crate::objects::{ConfigMapView, PolicyView};
+use crate::{Config, backoff::Requeue};
+
+/// The watch caches a reconcile reads from (one per watched scope).
+#[derive(Clone, Default)]
+pub struct Stores {
+    pub policies: Vec<Store<DynamicObject>>,
+    pub configmaps: Vec<Store<ConfigMap>>,
+}
+
+impl Stores {
+    pub(crate) fn policies_in(&self, namespace: &str) -> Vec<PolicyView> {
+        self.policies
+            .iter()
+            .flat_map(|s| s.state_filter(|o| o.namespace().as_deref() == Some(namespace)))
+            .filter_map(|o| PolicyView::from_dynamic(&o))
+            .collect()
+    }
+
+    pub(crate) fn configmap(&self, namespace: &str, name: &str) -> Option<ConfigMapView> {
+        let key = ObjectRef::<ConfigMap>::new(name).within(namespace);
+        self.configmaps
+            .iter()
+            .find_map(|s| s.get(&key))
+            .map(|cm| ConfigMapView::from_configmap(&cm))
+    }
+}
+
+/// What a namespace's reconciles remember between runs: our own writes (until the watch
+/// cache catches up) and the schedule summaries (one simulation per policy generation).
+#[derive(Default)]
+pub struct Memory {
+    pub(crate) configmap: Option<Written<ConfigMapView>>,
+    pub(crate) statuses: HashMap<String, Written<RetryPolicyStatus>>,
+    pub(crate) summaries: HashMap<String, (i64, ScheduleSummary)>,
+}
+
+/// Everything a reconcile needs; shared by all of them.
+pub struct Context {
+    pub client: kube::Client,
+    pub config: Arc<Config>,
+    pub stores: Stores,
+    pub memory: Mutex<HashMap<String, Memory>>,
+    pub requeue: Requeue,
+    pub metrics: Arc<Metrics>,
+    pub events: Events,
+}
+
+impl Context {
+    pub(crate) fn take_memory(&self, namespace: &str) -> Memory {
+        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        all.remove(namespace).unwrap_or_default()
+    }
+
+    pub(crate) fn put_memory(&self, namespace: &str, memory: Memory) {
+        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        all.insert(namespace.to_owned(), memory);
+    }
+}

@@ -19,73 +19,80 @@ use rebound_sidecar::{
 #[command(group(ArgGroup::new("source").required(true).args(["policies_dir", "configmap", "policies_file"])))]
 struct Args {
     /// A directory where the compiled-policies ConfigMap is mounted (without subPath).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, env = "REBOUND_POLICIES_DIR", value_name = "DIR")]
     policies_dir: Option<PathBuf>,
 
-    /// Watch this ConfigMap through the API server (NAMESPACE/NAME); uses KUBECONFIG or the
-    /// in-cluster service account.
-    #[arg(long, value_name = "NAMESPACE/NAME")]
+    /// Watch this ConfigMap through the API server ([NAMESPACE/]NAME, by default in the
+    /// namespace of --namespace); uses KUBECONFIG or the in-cluster service account.
+    #[arg(long, env = "REBOUND_CONFIGMAP", value_name = "[NAMESPACE/]NAME")]
     configmap: Option<String>,
 
     /// RetryPolicy YAML manifests, compiled locally (development, demos). Repeatable.
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        env = "REBOUND_POLICIES_FILE",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
     policies_file: Vec<PathBuf>,
 
     /// The key (file name) holding the compiled document, for --policies-dir and --configmap.
-    #[arg(long, default_value = CONFIGMAP_KEY)]
+    #[arg(long, env = "REBOUND_KEY", default_value = CONFIGMAP_KEY)]
     key: String,
 
-    /// The namespace manifests from --policies-file are compiled for.
-    #[arg(long, default_value = "default")]
-    namespace: String,
+    /// The Pod's namespace: what --policies-file manifests are compiled for and where
+    /// --configmap NAME is watched. Default: POD_NAMESPACE (the downward API), else the
+    /// service account's namespace file, else `default`.
+    #[arg(long, env = "REBOUND_NAMESPACE")]
+    namespace: Option<String>,
 
     /// gRPC address (TCP).
-    #[arg(long, default_value = "127.0.0.1:7411")]
+    #[arg(long, env = "REBOUND_LISTEN", default_value = "127.0.0.1:7411")]
     listen: SocketAddr,
 
     /// Do not listen on TCP (use with --uds).
-    #[arg(long)]
+    #[arg(long, env = "REBOUND_NO_TCP")]
     no_tcp: bool,
 
     /// Also serve gRPC on this Unix socket.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "REBOUND_UDS", value_name = "PATH")]
     uds: Option<PathBuf>,
 
     /// Permission bits of the Unix socket, in octal (connecting needs write permission).
-    #[arg(long, default_value = "0660", value_parser = parse_mode)]
+    #[arg(long, env = "REBOUND_UDS_MODE", default_value = "0660", value_parser = parse_mode)]
     uds_mode: u32,
 
     /// Admin address: gRPC health (for kubelet's probe) and Prometheus /metrics.
-    #[arg(long, default_value = "127.0.0.1:7412")]
+    #[arg(long, env = "REBOUND_ADMIN_LISTEN", default_value = "127.0.0.1:7412")]
     admin_listen: SocketAddr,
 
     /// Do not serve the admin port.
-    #[arg(long)]
+    #[arg(long, env = "REBOUND_NO_ADMIN")]
     no_admin: bool,
 
     /// Allow listening on addresses other than loopback (e.g. the Pod IP for kubelet's probe).
-    #[arg(long)]
+    #[arg(long, env = "REBOUND_ALLOW_NON_LOOPBACK")]
     allow_non_loopback: bool,
 
     /// Also serve /metrics when --admin-listen is not a loopback address (by default such
     /// an admin port serves only gRPC health, for kubelet's probe).
-    #[arg(long)]
+    #[arg(long, env = "REBOUND_METRICS_BEYOND_LOOPBACK")]
     metrics_beyond_loopback: bool,
 
     /// How often files are re-checked besides change notifications.
-    #[arg(long, default_value = "10s")]
+    #[arg(long, env = "REBOUND_POLL_INTERVAL", default_value = "10s")]
     poll_interval: KubeDuration,
 
     /// How long in-flight calls may take to finish after SIGTERM.
-    #[arg(long, default_value = "10s")]
+    #[arg(long, env = "REBOUND_SHUTDOWN_GRACE", default_value = "10s")]
     shutdown_grace: KubeDuration,
 
     /// Runtime worker threads; 1 runs everything on one thread, which is all a sidecar needs.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "REBOUND_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
 
-    /// Log format.
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    /// Log format (as the operator's; level via RUST_LOG).
+    #[arg(long, env = "REBOUND_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
 }
 
@@ -158,9 +165,13 @@ async fn run(args: Args) -> Result<()> {
         let source = FileSource::mounted_dir(dir, &args.key, poll);
         _file_source = Some(source.spawn(Arc::clone(&store))?);
     } else if !args.policies_file.is_empty() {
-        let source = FileSource::manifests(args.policies_file, args.namespace, poll);
+        let source = FileSource::manifests(args.policies_file, pod_namespace(args.namespace), poll);
         _file_source = Some(source.spawn(Arc::clone(&store))?);
     } else if let Some(target) = args.configmap {
+        let target = match target.split_once('/') {
+            Some(_) => target,
+            None => format!("{}/{target}", pod_namespace(args.namespace)),
+        };
         watch_task = Some(configmap(&target, args.key, Arc::clone(&store)).await?);
     }
 
@@ -196,6 +207,19 @@ async fn configmap(
     _store: Arc<Store>,
 ) -> Result<tokio::task::JoinHandle<()>> {
     bail!("--configmap needs the `kubernetes` feature, which this build leaves out")
+}
+
+/// `--namespace`, else the Pod's: POD_NAMESPACE (set from the downward API), else the
+/// mounted service account's namespace, else `default`.
+fn pod_namespace(given: Option<String>) -> String {
+    const SERVICE_ACCOUNT_NAMESPACE: &str =
+        "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+    given
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .or_else(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned())
 }
 
 /// Completes on SIGTERM (kubelet) or SIGINT (Ctrl-C).

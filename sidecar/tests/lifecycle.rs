@@ -304,3 +304,55 @@ async fn an_admin_port_beyond_loopback_serves_only_health_unless_metrics_are_opt
         )
     );
 }
+
+/// Every flag also reads a `REBOUND_*` variable, and the namespace defaults to the Pod's
+/// (`POD_NAMESPACE`, set from the downward API).
+#[tokio::test]
+async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let policies = tmp.path().join("policies.yaml");
+    std::fs::write(&policies, POLICY).expect("write");
+    let (grpc, admin) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_rebound-sidecar"))
+        .env("REBOUND_POLICIES_FILE", &policies)
+        .env("REBOUND_LISTEN", grpc.to_string())
+        .env("REBOUND_ADMIN_LISTEN", admin.to_string())
+        .env("POD_NAMESPACE", "team-a")
+        .env_remove("REBOUND_NAMESPACE")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn rebound-sidecar");
+    let _sidecar = Sidecar(child);
+    let mut namespace = None;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if TcpStream::connect(admin).is_err() {
+            continue; // still starting
+        }
+        let response = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+            .await
+            .expect("get");
+        namespace = response
+            .lines()
+            .find_map(|l| l.strip_prefix("rebound_sidecar_config_info{namespace=\""))
+            .and_then(|rest| rest.split_once('"'))
+            .map(|(ns, _)| ns.to_owned());
+        if namespace.is_some() {
+            break;
+        }
+    }
+    assert_eq!(namespace.as_deref(), Some("team-a"));
+    let answer = RetryAdvisorClient::new(client::tcp_channel(grpc).await.expect("tcp"))
+        .decide(pb::DecideRequest {
+            queue: "webhooks".into(),
+            attempt: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("decide")
+        .into_inner();
+    assert_eq!(
+        answer.policy.map(|p| p.namespace),
+        Some("team-a".to_owned())
+    );
+}

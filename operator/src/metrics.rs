@@ -46,6 +46,11 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("rebound_operator");
+        let build = Family::<Label, Gauge>::default();
+        build
+            .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
+            .set(1);
+        registry.register("build_info", "The build: version label, value 1", build);
         let reconciles = Family::<Label, Counter>::default();
         registry.register(
             "reconciles",
@@ -183,6 +188,17 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_names_the_version() {
+        let text = Metrics::new().encode();
+        let series = format!(
+            "rebound_operator_build_info{{version=\"{}\"}} ",
+            env!("CARGO_PKG_VERSION")
+        );
+        let value = text.lines().find_map(|l| l.strip_prefix(series.as_str()));
+        assert_eq!(value, Some("1"));
+    }
 
     #[test]
     fn totals_sum_namespaces_without_labels() {

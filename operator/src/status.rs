@@ -164,6 +164,7 @@ pub fn desired(
         Verdict::Serving { serving } | Verdict::Conflict { serving, .. } => {
             summary.cloned().map(|s| ScheduleSummary {
                 serving_queues: serving.clone(),
+                queues: serving.join(", "),
                 ..s
             })
         }

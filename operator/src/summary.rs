@@ -39,6 +39,7 @@ pub fn summarize(identity: &str, params: &ResolvedPolicy) -> ScheduleSummary {
         },
         terminal: params.terminal.to_string(),
         serving_queues: Vec::new(),
+        queues: String::new(),
     }
 }
 

@@ -52,6 +52,7 @@ async fn apply_update_delete() -> Result<()> {
     let summary = emails.status.and_then(|s| s.summary).expect("summary");
     ensure!(summary.max_attempts == 5 && summary.cap == "5m");
     ensure!(summary.serving_queues == ["emails", "emails-*"]);
+    ensure!(summary.queues == "emails, emails-*");
 
     // Update: a new generation reaches the ConfigMap.
     env.kubectl_stdin(

@@ -37,7 +37,12 @@ pub mod limits {
     shortname = "rp",
     category = "rebound",
     doc = "Declares how failed jobs of some queues are retried and what happens when retries stop.",
-    printcolumn(name = "Queues", type_ = "string", json_path = ".spec.queues"),
+    printcolumn(
+        name = "Queues",
+        type_ = "string",
+        json_path = ".status.summary.queues",
+        description = "Queues the policy serves"
+    ),
     printcolumn(
         name = "Max-Attempts",
         type_ = "integer",
@@ -290,6 +295,9 @@ pub struct ScheduleSummary {
     /// Queues this policy actually serves after conflicts are resolved.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub serving_queues: Vec<String>,
+    /// The same, comma-separated, for the `kubectl get` column.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queues: String,
 }
 
 /// Time from the first failure until the policy gives up, as duration strings.

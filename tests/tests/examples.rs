@@ -9,13 +9,15 @@ use rebound_tests::{
     yaml_documents,
 };
 
-/// The printer column headers kubectl shows for RetryPolicy, from the CRD file.
+/// The printer column headers plain `kubectl get` shows for RetryPolicy (priority 0; the
+/// others are for `-o wide`), from the CRD file.
 fn column_headers() -> Vec<String> {
     let docs = yaml_documents(&retry_policy_crd_file()).expect("CRD file parses");
     docs[0]["spec"]["versions"][0]["additionalPrinterColumns"]
         .as_array()
         .expect("the CRD has printer columns")
         .iter()
+        .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
         .map(|c| {
             c["name"]
                 .as_str()
@@ -89,16 +91,14 @@ fn assert_listed_with_columns(
         out.stdout
     );
     let rows: Vec<&str> = lines.collect();
-    for (file, name, doc) in policies {
-        let row = rows
-            .iter()
-            .find(|r| r.split_whitespace().next() == Some(name.as_str()))
-            .unwrap_or_else(|| panic!("{file}: {name} not listed:\n{}", out.stdout));
-        // The Queues column shows the queue list (a JSON array).
-        let first_queue = doc["spec"]["queues"][0].as_str().expect("a queue");
+    // No operator runs here, so the status columns (the queues served, the summary, Ready)
+    // are empty; the operator's tests check what they show.
+    for (file, name, _) in policies {
         assert!(
-            row.contains(&format!("\"{first_queue}\"")),
-            "{file}: the queues column of {name} lacks {first_queue:?}: {row}"
+            rows.iter()
+                .any(|r| r.split_whitespace().next() == Some(name.as_str())),
+            "{file}: {name} not listed:\n{}",
+            out.stdout
         );
     }
 }

@@ -1,0 +1,1 @@
+"""Rebound adapter for Celery."""

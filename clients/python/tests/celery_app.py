@@ -16,8 +16,10 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
-    # Longer than any task run plus any countdown here; see the README.
-    broker_transport_options={"visibility_timeout": int(os.environ.get("VISIBILITY_TIMEOUT", "8"))},
+    # A message a killed worker held comes back after visibility_timeout (longer than any
+    # task run plus any countdown here), found by a sweep every interval*throttle seconds.
+    broker_transport_options={"visibility_timeout": int(os.environ.get("VISIBILITY_TIMEOUT", "8")),
+                              "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
     worker_redirect_stdouts=False,
     broker_connection_retry_on_startup=True,
 )

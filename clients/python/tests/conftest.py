@@ -24,7 +24,7 @@ apiVersion: rebound.dev/v1alpha1
 kind: RetryPolicy
 metadata: {name: flaky}
 spec:
-  queues: ["flaky", "failover", "crash"]
+  queues: ["flaky", "failover"]
   backoff: {strategy: exponential, base: 200ms, multiplier: 2, cap: 2s, jitter: {kind: full}}
   maxAttempts: 6
   terminal: {action: deadLetter, deadLetterQueue: work-dead}
@@ -48,6 +48,15 @@ spec:
   maxAttempts: 3
   nonRetryableErrors: ["CardDeclined"]
   terminal: {action: drop}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: crash}
+spec:
+  queues: ["crash"]
+  backoff: {strategy: constant, base: 3s, jitter: {kind: none}}
+  maxAttempts: 5
+  terminal: {action: deadLetter, deadLetterQueue: work-dead}
 """
 
 
@@ -102,16 +111,17 @@ class Sidecar:
 class Worker:
     """`celery worker -P prefork` in its own process group (killed as a group, by our PID)."""
 
-    def __init__(self, redis_url, target, log_path, visibility_timeout=8):
+    def __init__(self, redis_url, target, log_path, visibility_timeout=8, concurrency=2):
         self.env = dict(os.environ, REDIS_URL=redis_url, REBOUND_TARGET=target, PYTHONPATH=str(HERE),
                         VISIBILITY_TIMEOUT=str(visibility_timeout))
         self.log_path = log_path
+        self.concurrency = concurrency
         self.proc = None
 
     def start(self):
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "prefork", "-c", "2",
+            [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "prefork", "-c", str(self.concurrency),
              "-Q", QUEUES, "-l", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
              "-n", f"w{uuid.uuid4().hex[:6]}@%h"],
             env=self.env, cwd=str(HERE), stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,

@@ -135,6 +135,8 @@ class Rebound:
         prepared = PreparedPolicy(resolved, f"{ref.namespace}/{ref.name}")
         with self._lock:
             self._policies[queue] = (ref.config_hash, resolved, prepared)
+        _log("info", "rebound.policy_fetched", queue=queue, policy=f"{ref.namespace}/{ref.name}",
+             config_hash=ref.config_hash)
         return True
 
     def _refresh_in_background(self, queue):

@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 HERE = pathlib.Path(__file__).resolve().parent
 STATE = REPO / ".state" / "py-tests"
 TARGET_DIR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-QUEUES = "flaky,doomed,dropme,payments,failover,crash,work-dead"
+QUEUES = "flaky,doomed,dropme,payments,failover,crash,deadline,work-dead"
 
 POLICIES = """
 apiVersion: rebound.dev/v1alpha1
@@ -48,6 +48,16 @@ spec:
   maxAttempts: 3
   nonRetryableErrors: ["CardDeclined"]
   terminal: {action: drop}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: deadline}
+spec:
+  queues: ["deadline"]
+  backoff: {strategy: constant, base: 400ms, jitter: {kind: none}}
+  maxAttempts: 100
+  maxRetryDuration: 1500ms
+  terminal: {action: deadLetter, deadLetterQueue: work-dead}
 ---
 apiVersion: rebound.dev/v1alpha1
 kind: RetryPolicy

@@ -74,3 +74,15 @@ def test_drop_ends_after_max_attempts_without_dead_letter(app, worker, r):
     enqueue(app.flaky, args=(1000,), kwargs={"code": "CardDeclined"}, key=key2, queue="payments")
     eventually(lambda: [e for e in worker.events("rebound.dropped") if e["key"] == key2], 30, "drop")
     assert len(runs(r, key2)) == 1
+
+
+def test_first_failure_time_kept_across_retries_gives_up_at_the_deadline(app, worker, r):
+    key = f"deadline-{uuid.uuid4()}"
+    enqueue(app.flaky, args=(1000,), key=key, queue="deadline")
+    (msg,) = eventually(lambda: dead(r, key), 60, "dead letter")
+    seen = runs(r, key)
+    assert msg["reason"] == "GIVE_UP_REASON_DEADLINE"
+    assert 2 <= msg["attempts"] == len(seen) < 10  # maxAttempts (100) never reached
+    # The first failure's time is the first run's, carried through every retry.
+    assert seen[0]["ms"] <= msg["first_failure_unix_ms"] <= seen[1]["ms"]
+    assert msg["dead_lettered_unix_ms"] - msg["first_failure_unix_ms"] <= 1500 + 5000

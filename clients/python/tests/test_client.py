@@ -32,6 +32,9 @@ def test_sidecar_answers_equal_the_local_port(sidecar):
 
 def test_channel_is_not_shared_across_fork(sidecar):
     rb = Rebound(target=sidecar.target, deadline_ms=2000)
+    # Fetched first, so no background refresh is in flight at fork (gRPC does not survive
+    # a fork during a call; Celery's prefork parent makes none).
+    assert rb.refresh("flaky")
     assert rb.decide("flaky", 1, job_id="parent")["source"] == "sidecar"
     parent_channel = rb.client._channel
     rfd, wfd = os.pipe()

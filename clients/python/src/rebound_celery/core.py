@@ -7,11 +7,11 @@ with the port of ``decide``; without one, :data:`DEFAULT_POLICY`.
 
 import hashlib
 import json
-import logging
 import os
 import sys
 import threading
 import time
+import weakref
 
 import grpc
 
@@ -40,7 +40,7 @@ MAX_ERROR_CLASS_BYTES = 253
 LAST_RESORT_DELAY_MS = 5000
 """Answered when even the fallback fails (it should not)."""
 
-log = logging.getLogger("rebound_celery")
+_instances = weakref.WeakSet()
 
 
 def _log(level, event, **fields):
@@ -106,6 +106,12 @@ class Rebound:
         self._policies = {}  # queue -> (configHash, resolved, PreparedPolicy)
         self._refreshing = set()
         self.counters = {"decisions": {}, "fallback": {}, "dead_lettered": 0, "dropped": 0}
+        _instances.add(self)
+
+    def _after_fork(self):
+        """In a forked child: a lock another thread held, and refresh threads, did not come along."""
+        self._lock = threading.Lock()
+        self._refreshing = set()
 
     def _count(self, group, key):
         with self._lock:
@@ -195,3 +201,12 @@ class Rebound:
                  attempt=f["attempt"], decision=answer["decision"], delay_ms=answer["delayMs"])
         self._count("decisions", answer["decision"] if answer["decision"] == "DECISION_RETRY" else answer["reason"])
         return answer
+
+
+def _after_fork_in_child():
+    for rb in list(_instances):
+        rb._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

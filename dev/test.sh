@@ -3,7 +3,7 @@
 # test tools, starts one kube-apiserver + etcd for the whole run, runs every workspace
 # test against it, then the Node package's unit and end-to-end tests and the
 # webhook-delivery example's test against the same cluster (each starts its own operator,
-# sidecar and Redis), and stops the cluster again.
+# sidecar and Redis), the Python (Celery) adapter's tests, and stops the cluster again.
 #
 # Usage: dev/test.sh [extra cargo test arguments]
 set -euo pipefail
@@ -35,6 +35,13 @@ rm -rf .state/node-e2e # logs of the previous run's end-to-end stacks
 (cd clients/node && npm test)
 (cd clients/node && npm run test:e2e)
 (cd examples/webhook-delivery && npm test)
+
+# Python (clients/python): the Celery adapter's tests in a venv under .state/ (PyPI packages,
+# clients/python/dev-env.sh), against real prefork workers, Redis and a rebound-sidecar.
+cargo build --locked --quiet -p rebound-sidecar
+rm -rf .state/py-tests # logs of the previous run's workers and sidecars
+py_venv="$(clients/python/dev-env.sh | tail -n 1)"
+(cd clients/python && "$py_venv/bin/python" -m pytest -q)
 
 # GitOps health (gitops/, a Go module; modules from the proxy): the Argo CD Lua check and
 # kstatus on RetryPolicies the real operator wrote, and the repository's kustomization.

@@ -1,0 +1,224 @@
+"""Real parts: Redis from dev/redis.sh, a real rebound-sidecar, real prefork Celery workers."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import redis
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+HERE = pathlib.Path(__file__).resolve().parent
+STATE = REPO / ".state" / "py-tests"
+TARGET_DIR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+QUEUES = "flaky,doomed,dropme,payments,failover,crash,deadline,work-dead"
+
+POLICIES = """
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: flaky}
+spec:
+  queues: ["flaky", "failover"]
+  backoff: {strategy: exponential, base: 200ms, multiplier: 2, cap: 2s, jitter: {kind: full}}
+  maxAttempts: 6
+  terminal: {action: deadLetter, deadLetterQueue: work-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: doomed}
+spec:
+  queues: ["doomed"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 4
+  nonRetryableErrors: ["CardDeclined"]
+  terminal: {action: deadLetter, deadLetterQueue: work-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: dropme}
+spec:
+  queues: ["dropme", "payments"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 3
+  nonRetryableErrors: ["CardDeclined"]
+  terminal: {action: drop}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: deadline}
+spec:
+  queues: ["deadline"]
+  backoff: {strategy: constant, base: 400ms, jitter: {kind: none}}
+  maxAttempts: 100
+  maxRetryDuration: 1500ms
+  terminal: {action: deadLetter, deadLetterQueue: work-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: crash}
+spec:
+  queues: ["crash"]
+  backoff: {strategy: constant, base: 3s, jitter: {kind: none}}
+  maxAttempts: 5
+  terminal: {action: deadLetter, deadLetterQueue: work-dead}
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def eventually(check, timeout=30.0, what="condition"):
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Sidecar:
+    def __init__(self, policies_file, log):
+        binary = os.environ.get("REBOUND_SIDECAR") or str(TARGET_DIR / "debug" / "rebound-sidecar")
+        if not os.path.exists(binary):
+            pytest.fail(f"no sidecar at {binary}: cargo build -p rebound-sidecar")
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.args = [binary, "--policies-file", str(policies_file), "--namespace", "pytest",
+                     "--listen", self.target, "--no-admin"]
+        self.log = log
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+
+        def up():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return True
+            except OSError:
+                return False
+
+        eventually(up, 20, "sidecar listening")
+        time.sleep(0.3)  # the first configuration loads right after bind
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Worker:
+    """`celery worker -P prefork` in its own process group (killed as a group, by our PID)."""
+
+    def __init__(self, redis_url, target, log_path, visibility_timeout=8, concurrency=2):
+        self.env = dict(os.environ, REDIS_URL=redis_url, REBOUND_TARGET=target, PYTHONPATH=str(HERE),
+                        VISIBILITY_TIMEOUT=str(visibility_timeout))
+        self.log_path = log_path
+        self.concurrency = concurrency
+        self.proc = None
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "prefork", "-c", str(self.concurrency),
+             "-Q", QUEUES, "-l", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "-n", f"w{uuid.uuid4().hex[:6]}@%h"],
+            env=self.env, cwd=str(HERE), stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def events(self, event=None):
+        out = []
+        with open(self.log_path, "rb") as f:
+            for line in f:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and (event is None or doc.get("event") == event):
+                    out.append(doc)
+        return out
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def stop(self):
+        self.kill(signal.SIGTERM)
+        if self.proc:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # leftover pool children of our group
+            except ProcessLookupError:
+                pass
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def run_dir():
+    d = STATE / f"run-{os.getpid()}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def redis_url(run_dir):
+    state = run_dir / "redis"
+    out = subprocess.run([str(REPO / "dev" / "redis.sh"), "up", str(state)], check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    yield out
+    subprocess.run([str(REPO / "dev" / "redis.sh"), "down", str(state)], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def policies_file(run_dir):
+    p = run_dir / "policies.yaml"
+    p.write_text(POLICIES)
+    return p
+
+
+@pytest.fixture(scope="session")
+def sidecar(run_dir, policies_file):
+    log = open(run_dir / "sidecar.log", "ab")
+    s = Sidecar(policies_file, log)
+    s.start()
+    yield s
+    s.kill()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def worker(run_dir, redis_url, sidecar):
+    w = Worker(redis_url, sidecar.target, run_dir / "worker.log")
+    w.start()
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="session")
+def app(redis_url, sidecar):
+    os.environ["REDIS_URL"] = redis_url
+    os.environ["REBOUND_TARGET"] = sidecar.target
+    sys.path.insert(0, str(HERE))
+    import celery_app
+
+    return celery_app
+
+
+@pytest.fixture(scope="session")
+def r(redis_url):
+    return redis.Redis.from_url(redis_url)

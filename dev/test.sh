@@ -38,7 +38,7 @@ rm -rf .state/node-e2e # logs of the previous run's end-to-end stacks
 
 # Python (clients/python): the Celery adapter's tests in a venv under .state/ (PyPI packages,
 # clients/python/dev-env.sh), against real prefork workers, Redis and a rebound-sidecar.
-cargo build --locked --quiet -p rebound-sidecar
+cargo build --locked --quiet -p rebound-sidecar -p rebound-operator
 rm -rf .state/py-tests # logs of the previous run's workers and sidecars
 py_venv="$(clients/python/dev-env.sh | tail -n 1)"
 (cd clients/python && "$py_venv/bin/python" -m pytest -q)

@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 HERE = pathlib.Path(__file__).resolve().parent
 STATE = REPO / ".state" / "py-tests"
 TARGET_DIR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-QUEUES = "flaky,doomed,dropme,payments,failover,crash,deadline,work-dead"
+QUEUES = "flaky,doomed,dropme,payments,failover,crash,deadline,stackq,work-dead"
 
 POLICIES = """
 apiVersion: rebound.dev/v1alpha1

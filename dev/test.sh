@@ -25,7 +25,8 @@ export REBOUND_CLUSTER_STATE_DIR="$state"
 REBOUND_HELM="$(dev/build-helm.sh | tail -n 1)/helm"
 export REBOUND_HELM
 
-cargo test --workspace --locked "$@"
+# Every test binary runs even when one fails, so one run reports every failure.
+cargo test --workspace --locked --no-fail-fast "$@"
 
 # Node: the lockfiles' packages (npm ci) when not installed yet; .ci/run installs them too.
 for dir in clients/node examples/webhook-delivery; do

@@ -436,6 +436,7 @@ async fn kubectl_completes_the_plugin() -> Result<()> {
             "validate",
             "simulate",
             "explain",
+            "storm",
             "crd",
             "ask",
             "completion"

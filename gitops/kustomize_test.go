@@ -30,7 +30,9 @@ func TestKustomizationRendersCRDsAndDeploy(t *testing.T) {
 	}
 
 	// Namespaces first (a dry run creates nothing, so their objects would have nowhere to
-	// go), then everything as a server-side dry run.
+	// go), then everything as a server-side dry run. Other tests on the shared cluster may
+	// have applied the same cluster-scoped objects (the admission policy) with another
+	// field manager; a dry run may take their fields over, it changes nothing.
 	for _, name := range names(got) {
 		if ns, ok := strings.CutPrefix(name, "namespace/"); ok {
 			if _, _, err := c.run("", "get", "namespace", ns); err != nil {
@@ -39,7 +41,7 @@ func TestKustomizationRendersCRDsAndDeploy(t *testing.T) {
 		}
 	}
 	if _, stderr, err := c.run(rendered, "apply", "--server-side", "--dry-run=server",
-		"--field-manager=rebound-tests", "-f", "-"); err != nil {
+		"--force-conflicts", "--field-manager=rebound-tests", "-f", "-"); err != nil {
 		t.Fatalf("the API server refuses the kustomization: %v\n%s", err, stderr)
 	}
 }

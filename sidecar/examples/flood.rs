@@ -8,7 +8,7 @@
 //!   && target/release/examples/flood
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
     sync::{
@@ -25,7 +25,7 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit::{
         flood::{Outcome, half_sent_calls},
-        process::{Spawned, mib, rss_kib},
+        process::{Spawned, free_port, mib, rss_kib, sidecar_binary},
     },
 };
 
@@ -89,19 +89,8 @@ fn main() -> Result<()> {
         .block_on(run(args))
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 async fn run(args: Args) -> Result<()> {
-    let sidecar_bin = match args.sidecar.clone() {
-        Some(p) => p,
-        None => std::env::current_exe()?
-            .parent()
-            .and_then(|examples| examples.parent())
-            .context("no parent directory")?
-            .join("rebound-sidecar"),
-    };
+    let sidecar_bin = sidecar_binary(args.sidecar.clone())?;
     let policies =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/policies/webhooks.yaml");
     println!(

@@ -8,7 +8,7 @@
 //! cargo build --release -p rebound-sidecar --bins --example load && target/release/examples/load
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
     sync::{
@@ -26,7 +26,9 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit::{
         self, AtomicWriter,
-        process::{Spawned, main_thread_cpu_ns, mib, rss_detail, rss_kib},
+        process::{
+            Spawned, free_port, main_thread_cpu_ns, mib, rss_detail, rss_kib, sidecar_binary,
+        },
     },
 };
 use tonic::transport::Channel;
@@ -67,10 +69,6 @@ fn main() -> Result<()> {
         .block_on(run(args))
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 async fn serving(channel: Channel) -> bool {
     HealthClient::new(channel)
         .check(HealthCheckRequest::default())
@@ -79,15 +77,7 @@ async fn serving(channel: Channel) -> bool {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let sidecar_bin = match args.sidecar.clone() {
-        Some(p) => p,
-        // Examples are built into target/<profile>/examples, the binary one level up.
-        None => std::env::current_exe()?
-            .parent()
-            .and_then(|examples| examples.parent())
-            .context("no parent directory")?
-            .join("rebound-sidecar"),
-    };
+    let sidecar_bin = sidecar_binary(args.sidecar.clone())?;
     if args.worst_case {
         return worst_case(&sidecar_bin, args.calls).await;
     }

@@ -1,6 +1,10 @@
 //! A sidecar process started by a benchmark, and what `/proc` says about it.
 
-use std::{path::PathBuf, process::Child};
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
+    process::Child,
+};
 
 /// A child process killed (and its scratch directory removed) when dropped.
 pub struct Spawned {
@@ -58,4 +62,22 @@ pub fn main_thread_cpu_ns(pid: u32) -> u64 {
 
 pub fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// A loopback address with a port the OS just handed out (free until someone binds it).
+pub fn free_port() -> std::io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// `given`, else the `rebound-sidecar` binary next to the running program: examples are
+/// built into `target/<profile>/examples`, the binary one level up.
+pub fn sidecar_binary(given: Option<PathBuf>) -> std::io::Result<PathBuf> {
+    if let Some(path) = given {
+        return Ok(path);
+    }
+    let exe = std::env::current_exe()?;
+    exe.parent()
+        .and_then(|examples| examples.parent())
+        .map(|dir| dir.join("rebound-sidecar"))
+        .ok_or_else(|| std::io::Error::other("the running program has no parent directory"))
 }

@@ -12,12 +12,15 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 mod ask;
 mod cluster;
 mod complete;
+mod diff;
 mod explain;
 mod input;
 mod output;
+mod plot;
 mod report;
 mod simulate;
 mod storm;
+mod svg;
 mod validate;
 
 pub use output::Format;
@@ -121,6 +124,32 @@ enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+    /// Draw a policy's schedule or a retry storm as SVG (to stdout, or --out FILE).
+    Plot {
+        #[command(subcommand)]
+        what: PlotCommand,
+    },
+    /// Compare two versions of a policy file: fields, added and removed policies, and how
+    /// the schedule, the give-up time and the storm figures move (Markdown, or -o json).
+    /// Exit 0 no change, 1 changes, 2 errors (as diff(1)).
+    Diff {
+        old: PathBuf,
+        new: PathBuf,
+        #[arg(long, default_value_t = 10_000)]
+        samples: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Storm sizes compared (as `storm --clients`).
+        #[arg(long, value_parser = storm::parse_clients, default_value = "10,100")]
+        clients: storm::Counts,
+        #[arg(long, value_parser = storm::parse_write, default_value = "10ms")]
+        write: u64,
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// `text` is Markdown.
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
     /// Print the RetryPolicy CustomResourceDefinition.
     Crd,
     /// Ask what happens after a failure, exactly as the sidecar would answer. Without -f,
@@ -149,6 +178,48 @@ enum Command {
     Completion {
         #[arg(value_enum)]
         shell: Shell,
+    },
+}
+
+#[derive(Subcommand)]
+enum PlotCommand {
+    /// Delay bands per retry (min–p50–p99–max) and the share of jobs given up over time,
+    /// one row per policy.
+    Schedule {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Only these policies (metadata.name); repeatable.
+        #[arg(long)]
+        policy: Vec<String>,
+        #[arg(long, default_value_t = 10_000)]
+        samples: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Write the SVG here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Calls and time until the last client finished against the number of clients (the
+    /// `storm` model), one line per policy; give several -f to compare versions.
+    Storm {
+        #[command(flatten)]
+        inputs: Inputs,
+        /// Only these policies (metadata.name); repeatable.
+        #[arg(long)]
+        policy: Vec<String>,
+        #[arg(long, value_parser = storm::parse_clients, default_value = "10..100:10")]
+        clients: storm::Counts,
+        #[arg(long, value_parser = storm::parse_write, default_value = "10ms")]
+        write: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Write the SVG here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -261,6 +332,54 @@ fn run(cli: Cli, name: &str) -> Result<ExitCode> {
                 clients: &clients.0,
                 write_ms: write,
                 seed,
+            },
+            output,
+        ),
+        Command::Plot { what } => match what {
+            PlotCommand::Schedule {
+                inputs,
+                policy,
+                samples,
+                seed,
+                namespace,
+                out,
+            } => {
+                let policies = plot::load(&cluster, &inputs, namespace, &policy)?;
+                plot::write(&plot::schedule_svg(&policies, samples, seed), out.as_ref())
+            }
+            PlotCommand::Storm {
+                inputs,
+                policy,
+                clients,
+                write,
+                seed,
+                namespace,
+                out,
+            } => {
+                let policies = plot::load(&cluster, &inputs, namespace, &policy)?;
+                let series = plot::storm_series(&policies, &clients.0, write, seed);
+                plot::write(&plot::storm_svg(&series, write, seed), out.as_ref())
+            }
+        },
+        Command::Diff {
+            old,
+            new,
+            samples,
+            seed,
+            clients,
+            write,
+            namespace,
+            output,
+        } => diff::run(
+            &cluster,
+            &diff::DiffArgs {
+                old,
+                new,
+                namespace,
+                samples,
+                seed,
+                clients: clients.0,
+                write_ms: write,
             },
             output,
         ),

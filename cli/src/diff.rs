@@ -1,0 +1,388 @@
+//! `diff OLD NEW`: what changed between two versions of a policy file — fields, policies
+//! added or removed — and how the schedule, the give-up time and the storm figures move,
+//! as Markdown for a pull-request comment or as JSON. Exit 0 no change, 1 changes, 2 error.
+
+use std::{fmt::Write as _, path::PathBuf, process::ExitCode};
+
+use anyhow::{Result, anyhow};
+use rebound_policy::{
+    Policy, RetryPolicy, Simulation,
+    contention::{ContentionRun, simulate_contention},
+    duration::format_approx,
+    simulate,
+};
+use serde_json::{Map, Value, json};
+
+use crate::{
+    Format, Inputs,
+    cluster::{self, ClusterArgs},
+    output,
+    simulate::policy_of,
+};
+
+pub struct DiffArgs {
+    pub old: PathBuf,
+    pub new: PathBuf,
+    pub namespace: Option<String>,
+    pub samples: u32,
+    pub seed: u64,
+    pub clients: Vec<u32>,
+    pub write_ms: u64,
+}
+
+/// One side of a policy: its manifest and figures.
+struct Side {
+    name: String,
+    namespace: String,
+    queues: Vec<String>,
+    spec: Value,
+    sim: Simulation,
+    storm: Vec<ContentionRun>,
+}
+
+fn side(p: &RetryPolicy, namespace: &str, args: &DiffArgs) -> Result<Side> {
+    let (name, namespace, policy): (String, String, Policy) = policy_of(p, namespace)?;
+    Ok(Side {
+        queues: p.spec.queues.clone(),
+        spec: serde_json::to_value(&p.spec)?,
+        sim: simulate(&policy, args.samples, args.seed, true),
+        storm: args
+            .clients
+            .iter()
+            .map(|&n| simulate_contention(&policy, n, args.write_ms, args.seed))
+            .collect(),
+        name,
+        namespace,
+    })
+}
+
+fn read(
+    path: &PathBuf,
+    args: &ClusterArgs,
+    namespace: &Option<String>,
+) -> Result<Vec<RetryPolicy>> {
+    let inputs = Inputs {
+        files: vec![path.clone()],
+        recursive: false,
+    };
+    Ok(cluster::load(args, &inputs, namespace.clone())?.policies)
+}
+
+/// Pairs old and new policies: by namespace and name, then (renames) the remaining ones
+/// that share a queue, in file order.
+fn pair(old: Vec<Side>, new: Vec<Side>) -> Vec<(Option<Side>, Option<Side>)> {
+    let mut old: Vec<Option<Side>> = old.into_iter().map(Some).collect();
+    let mut pairs: Vec<(Option<Side>, Option<Side>)> = Vec::new();
+    let mut unmatched_new = Vec::new();
+    for n in new {
+        let same = old.iter().position(|o| {
+            o.as_ref()
+                .is_some_and(|o| o.name == n.name && o.namespace == n.namespace)
+        });
+        match same {
+            Some(i) => pairs.push((old[i].take(), Some(n))),
+            None => unmatched_new.push(n),
+        }
+    }
+    for n in unmatched_new {
+        let renamed = old.iter().position(|o| {
+            o.as_ref().is_some_and(|o| {
+                o.namespace == n.namespace && o.queues.iter().any(|q| n.queues.contains(q))
+            })
+        });
+        match renamed {
+            Some(i) => pairs.push((old[i].take(), Some(n))),
+            None => pairs.push((None, Some(n))),
+        }
+    }
+    pairs.extend(old.into_iter().flatten().map(|o| (Some(o), None)));
+    pairs
+}
+
+/// Leaves of a JSON object as `(path, value)`, objects flattened and arrays kept whole.
+fn leaves(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                leaves(&format!("{prefix}.{k}"), v, out);
+            }
+        }
+        other => out.push((prefix.to_owned(), other.clone())),
+    }
+}
+
+/// Field changes between two specs (and the name, for a rename), sorted by path.
+fn field_changes(old: &Side, new: &Side) -> Vec<Value> {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    leaves("spec", &old.spec, &mut a);
+    leaves("spec", &new.spec, &mut b);
+    let mut paths: Vec<&String> = a.iter().chain(&b).map(|(p, _)| p).collect();
+    paths.sort();
+    paths.dedup();
+    let get = |side: &[(String, Value)], path: &str| {
+        side.iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v.clone())
+            .unwrap_or(Value::Null)
+    };
+    let mut out = Vec::new();
+    if old.name != new.name {
+        out.push(json!({"path": "metadata.name", "old": old.name, "new": new.name}));
+    }
+    for path in paths {
+        let (o, n) = (get(&a, path), get(&b, path));
+        if o != n {
+            out.push(json!({"path": path, "old": o, "new": n}));
+        }
+    }
+    out
+}
+
+fn schedule(old: Option<&Side>, new: Option<&Side>) -> Vec<Value> {
+    let rows = |s: Option<&Side>| s.map(|s| s.sim.retries.len()).unwrap_or(0);
+    let at = |s: Option<&Side>, i: usize| {
+        s.and_then(|s| s.sim.retries.get(i))
+            .map(|r| json!({"p50Ms": r.p50_ms, "p99Ms": r.p99_ms}))
+            .unwrap_or(Value::Null)
+    };
+    (0..rows(old).max(rows(new)))
+        .map(|i| json!({"retry": i + 1, "old": at(old, i), "new": at(new, i)}))
+        .collect()
+}
+
+fn give_up(s: Option<&Side>) -> Value {
+    s.map(|s| {
+        let g = s.sim.give_up_after_ms;
+        json!({"p50Ms": g.p50, "p99Ms": g.p99, "maxMs": g.max,
+               "maxAttempts": s.sim.max_attempts, "terminal": s.sim.terminal.to_string()})
+    })
+    .unwrap_or(Value::Null)
+}
+
+fn storm(old: Option<&Side>, new: Option<&Side>, clients: &[u32]) -> Vec<Value> {
+    let at = |s: Option<&Side>, i: usize| {
+        s.and_then(|s| s.storm.get(i))
+            .map(|r| {
+                json!({"calls": r.calls, "completionMs": r.completion_ms,
+                            "gaveUp": r.gave_up, "truncated": r.truncated})
+            })
+            .unwrap_or(Value::Null)
+    };
+    clients
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| json!({"clients": n, "old": at(old, i), "new": at(new, i)}))
+        .collect()
+}
+
+/// The JSON document (see docs/cli.md).
+fn document(pairs: &[(Option<Side>, Option<Side>)], args: &DiffArgs) -> Value {
+    let mut counts = Map::new();
+    for k in ["added", "removed", "changed", "unchanged"] {
+        counts.insert(k.to_owned(), json!(0));
+    }
+    let policies: Vec<Value> = pairs
+        .iter()
+        .map(|(old, new)| {
+            let (old, new) = (old.as_ref(), new.as_ref());
+            let fields = match (old, new) {
+                (Some(o), Some(n)) => field_changes(o, n),
+                _ => Vec::new(),
+            };
+            let status = match (old, new) {
+                (None, _) => "added",
+                (_, None) => "removed",
+                _ if fields.is_empty() => "unchanged",
+                _ => "changed",
+            };
+            if let Some(Value::Number(c)) = counts.get_mut(status) {
+                *c = (c.as_u64().unwrap_or(0) + 1).into();
+            }
+            let current = new.or(old).expect("a pair has a side");
+            json!({
+                "name": current.name,
+                "namespace": current.namespace,
+                "status": status,
+                "renamedFrom": match (old, new) {
+                    (Some(o), Some(n)) if o.name != n.name => json!(o.name),
+                    _ => Value::Null,
+                },
+                "fields": fields,
+                "schedule": schedule(old, new),
+                "giveUpAfter": {"old": give_up(old), "new": give_up(new)},
+                "storm": storm(old, new, &args.clients),
+            })
+        })
+        .collect();
+    let changed = policies.iter().any(|p| p["status"] != "unchanged");
+    json!({
+        "old": args.old.display().to_string(),
+        "new": args.new.display().to_string(),
+        "changed": changed,
+        "summary": counts,
+        "samples": args.samples,
+        "seed": args.seed,
+        "writeMs": args.write_ms,
+        "policies": policies,
+    })
+}
+
+/// `old → new (+12%)` for milliseconds or counts; `—` for a missing side.
+fn movement(old: &Value, new: &Value, key: &str, time: bool) -> String {
+    let show = |v: &Value| match v.get(key).and_then(Value::as_u64) {
+        Some(x) if time => format_approx(x),
+        Some(x) => x.to_string(),
+        None => "—".to_owned(),
+    };
+    let (o, n) = (
+        old.get(key).and_then(Value::as_u64),
+        new.get(key).and_then(Value::as_u64),
+    );
+    match (o, n) {
+        (Some(o), Some(n)) if o == n => show(new),
+        (Some(o), Some(n)) if o > 0 => {
+            let change = (n as f64 / o as f64 - 1.0) * 100.0;
+            format!("{} → {} ({change:+.0}%)", show(old), show(new))
+        }
+        _ => format!("{} → {}", show(old), show(new)),
+    }
+}
+
+fn code(v: &Value) -> String {
+    match v {
+        Value::Null => "—".to_owned(),
+        Value::String(s) => format!("`{s}`"),
+        other => format!("`{other}`"),
+    }
+}
+
+/// Retry rows shown in Markdown before the middle is elided; the JSON has every retry.
+const MAX_ROWS: usize = 12;
+
+fn markdown(doc: &Value) -> String {
+    let mut out = String::new();
+    let s = &doc["summary"];
+    let _ = writeln!(
+        out,
+        "### RetryPolicy changes: {} changed, {} added, {} removed, {} unchanged\n",
+        s["changed"], s["added"], s["removed"], s["unchanged"]
+    );
+    let _ = writeln!(
+        out,
+        "`{}` → `{}`; figures from {} simulated jobs per policy and a storm of {} ms writes, seed {}.",
+        doc["old"].as_str().unwrap_or_default(),
+        doc["new"].as_str().unwrap_or_default(),
+        doc["samples"],
+        doc["writeMs"],
+        doc["seed"]
+    );
+    for p in doc["policies"].as_array().into_iter().flatten() {
+        let status = p["status"].as_str().unwrap_or_default();
+        if status == "unchanged" {
+            continue;
+        }
+        let renamed = p["renamedFrom"]
+            .as_str()
+            .map(|o| format!(", renamed from `{o}`"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\n#### `{}/{}` — {status}{renamed}\n",
+            p["namespace"].as_str().unwrap_or_default(),
+            p["name"].as_str().unwrap_or_default()
+        );
+        let fields = p["fields"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if !fields.is_empty() {
+            let _ = writeln!(out, "| field | old | new |\n|---|---|---|");
+            for f in fields {
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {} | {} |",
+                    f["path"].as_str().unwrap_or_default(),
+                    code(&f["old"]),
+                    code(&f["new"])
+                );
+            }
+            out.push('\n');
+        }
+        let g = &p["giveUpAfter"];
+        let _ = writeln!(
+            out,
+            "Gives up after: p50 {}, p99 {}, max {}.\n",
+            movement(&g["old"], &g["new"], "p50Ms", true),
+            movement(&g["old"], &g["new"], "p99Ms", true),
+            movement(&g["old"], &g["new"], "maxMs", true)
+        );
+        let rows = p["schedule"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if !rows.is_empty() {
+            let _ = writeln!(out, "| retry | p50 delay | p99 delay |\n|---:|---|---|");
+            let skip = rows.len().saturating_sub(MAX_ROWS);
+            for (i, r) in rows.iter().enumerate() {
+                if skip > 0 && i == MAX_ROWS / 2 {
+                    let _ = writeln!(out, "| … | {skip} more retries (`-o json`) | |");
+                }
+                if skip > 0 && i >= MAX_ROWS / 2 && i < MAX_ROWS / 2 + skip {
+                    continue;
+                }
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} |",
+                    r["retry"],
+                    movement(&r["old"], &r["new"], "p50Ms", true),
+                    movement(&r["old"], &r["new"], "p99Ms", true)
+                );
+            }
+            out.push('\n');
+        }
+        let storm = p["storm"].as_array().map(Vec::as_slice).unwrap_or_default();
+        if !storm.is_empty() {
+            let _ = writeln!(
+                out,
+                "| storm clients | calls | last finished |\n|---:|---|---|"
+            );
+            for r in storm {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} |",
+                    r["clients"],
+                    movement(&r["old"], &r["new"], "calls", false),
+                    movement(&r["old"], &r["new"], "completionMs", true)
+                );
+            }
+        }
+    }
+    if doc["changed"] == false {
+        let _ = writeln!(out, "\nNo policy changed.");
+    }
+    out
+}
+
+pub fn run(cluster: &ClusterArgs, args: &DiffArgs, format: Format) -> Result<ExitCode> {
+    // Every failure is exit 2 here (1 means "changes"), findings in the files included.
+    let sides = |path: &PathBuf| -> Result<Vec<Side>> {
+        let policies = read(path, cluster, &args.namespace)?;
+        let default_ns = args
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        policies
+            .iter()
+            .map(|p| side(p, &default_ns, args))
+            .collect()
+    };
+    let old = sides(&args.old).map_err(|e| anyhow!("{}: {e:#}", args.old.display()))?;
+    let new = sides(&args.new).map_err(|e| anyhow!("{}: {e:#}", args.new.display()))?;
+    let doc = document(&pair(old, new), args);
+    output::emit_as(format, &doc, || markdown(&doc))?;
+    Ok(if doc["changed"] == true {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

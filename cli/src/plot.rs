@@ -1,0 +1,497 @@
+//! `plot`: SVG pictures of a policy's schedule (delay bands per retry, and the share of
+//! jobs given up over time) and of a retry storm (calls and completion time against the
+//! number of clients, one line per policy). Every figure comes from the policy crate.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::{Context as _, Result, bail};
+use rebound_policy::{
+    Decision, Policy, Simulation,
+    contention::{ContentionRun, simulate_contention},
+    decide::{Context, Draws, Replay, decide_with, mix64},
+    duration::format_approx,
+    simulate,
+};
+
+use crate::{
+    Inputs,
+    cluster::{self, ClusterArgs},
+    output,
+    simulate::policy_of,
+    svg::{self, PALETTE, Scale, Svg},
+};
+
+/// A policy to draw, with the name its lines carry.
+pub struct Labelled {
+    pub label: String,
+    pub policy: Policy,
+}
+
+/// The policies the inputs name (`only`: these metadata.names, all when empty), labelled
+/// `name`, or `name (file)` when several files hold policies of that name.
+pub fn load(
+    args: &ClusterArgs,
+    inputs: &Inputs,
+    namespace: Option<String>,
+    only: &[String],
+) -> Result<Vec<Labelled>> {
+    let mut found = Vec::new();
+    let groups: Vec<(String, Inputs)> = if inputs.files.is_empty() {
+        vec![(String::new(), inputs.clone())]
+    } else {
+        inputs
+            .files
+            .iter()
+            .map(|f| {
+                let one = Inputs {
+                    files: vec![f.clone()],
+                    recursive: inputs.recursive,
+                };
+                (f.display().to_string(), one)
+            })
+            .collect()
+    };
+    for (source, group) in groups {
+        let ns = cluster::load(args, &group, namespace.clone())?;
+        for p in &ns.policies {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            if only.is_empty() || only.contains(&name) {
+                let (_, _, policy) = policy_of(p, &ns.namespace)?;
+                found.push((name, source.clone(), policy));
+            }
+        }
+    }
+    if found.is_empty() {
+        bail!("no RetryPolicy to plot");
+    }
+    let sources = |name: &str| {
+        let mut s: Vec<&str> = found
+            .iter()
+            .filter(|(n, ..)| n == name)
+            .map(|(_, s, _)| s.as_str())
+            .collect();
+        s.dedup();
+        s.len()
+    };
+    let labels: Vec<String> = found
+        .iter()
+        .map(|(name, source, _)| {
+            if sources(name) > 1 {
+                format!("{name} ({source})")
+            } else {
+                name.clone()
+            }
+        })
+        .collect();
+    Ok(found
+        .into_iter()
+        .zip(labels)
+        .map(|((_, _, policy), label)| Labelled { label, policy })
+        .collect())
+}
+
+/// Writes the SVG to `out`, or to stdout.
+pub fn write(svg: &str, out: Option<&PathBuf>) -> Result<ExitCode> {
+    match out {
+        Some(path) => {
+            std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?
+        }
+        None => output::emit(svg)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Time from the first failure to giving up for each of `samples` jobs that fail every
+/// run, sorted: the same jobs (draws per sample from `seed`) as [`simulate`], so its
+/// percentiles are this list's.
+pub fn give_up_times(policy: &Policy, samples: u32, seed: u64) -> Vec<u64> {
+    let mut out: Vec<u64> = (0..samples)
+        .map(|sample| {
+            let draws = Draws::from_seed(mix64(
+                seed ^ u64::from(sample).wrapping_mul(0xA24B_AED4_963E_E407),
+            ));
+            let mut replay = Replay::default();
+            let (mut elapsed, mut attempt) = (0u64, 1u32);
+            loop {
+                let ctx = Context {
+                    first_failure_ms: Some(0),
+                    now_ms: Some(elapsed),
+                    ..Context::default()
+                };
+                match decide_with(policy, attempt, &ctx, &draws, &mut replay) {
+                    Decision::Retry { delay_ms } => {
+                        elapsed = elapsed.saturating_add(delay_ms);
+                        attempt += 1;
+                    }
+                    Decision::GiveUp { .. } => return elapsed,
+                }
+            }
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+const WIDTH: f64 = 1000.0;
+const ROW: f64 = 330.0;
+const HEADER: f64 = 40.0;
+
+fn ms_label(v: f64) -> String {
+    format_approx(v.round().max(0.0) as u64)
+}
+
+/// The schedule picture: one row per policy, delay bands on the left, the share of jobs
+/// given up over time on the right.
+pub fn schedule_svg(policies: &[Labelled], samples: u32, seed: u64) -> String {
+    let height = HEADER + ROW * policies.len() as f64;
+    let mut doc = Svg::new(WIDTH, height);
+    let title = "Retry schedule".to_owned();
+    for (row, p) in policies.iter().enumerate() {
+        let sim = simulate(&p.policy, samples, seed, true);
+        let times = give_up_times(&p.policy, sim.samples, seed);
+        let top = HEADER + ROW * row as f64 + 40.0;
+        let bottom = top + ROW - 110.0;
+        doc.raw(&format!(
+            r#"<g class="policy" data-policy="{}" data-samples="{}" data-seed="{seed}">"#,
+            svg::escape(&p.label),
+            sim.samples
+        ));
+        bands(&mut doc, (80.0, top, 470.0, bottom), &p.label, &sim);
+        given_up(
+            &mut doc,
+            (590.0, top, 960.0, bottom),
+            &p.label,
+            &sim,
+            &times,
+        );
+        doc.raw("</g>");
+    }
+    doc.text(
+        WIDTH / 2.0,
+        24.0,
+        "middle",
+        r#" font-size="16" font-weight="bold""#,
+        &format!(
+            "{title}: jobs that fail every run ({} simulated per policy, seed {seed})",
+            policies
+                .first()
+                .map(|p| simulate(&p.policy, samples, seed, false).samples)
+                .unwrap_or(samples)
+        ),
+    );
+    doc.finish(&title)
+}
+
+/// Delay before each retry: min–max (light), p50–p99 (dark), p50 (a bar across).
+fn bands(doc: &mut Svg, frame: (f64, f64, f64, f64), label: &str, sim: &Simulation) {
+    let (left, _, right, _) = frame;
+    let retries = sim.retries.len();
+    let n = retries.max(1) as f64;
+    let min_positive = sim
+        .retries
+        .iter()
+        .map(|r| r.p50_ms)
+        .filter(|&v| v > 0)
+        .min()
+        .unwrap_or(1) as f64;
+    let max = sim.retries.iter().map(|r| r.max_ms).max().unwrap_or(1) as f64;
+    let y = svg::round_up(Scale::fit(min_positive, max, 50.0), 5, true);
+    let x = Scale::Linear {
+        lo: 0.5,
+        hi: n + 0.5,
+    };
+    let x_ticks: Vec<f64> = if retries <= 15 {
+        (1..=retries.max(1)).map(|r| r as f64).collect()
+    } else {
+        svg::ticks(Scale::Linear { lo: 0.0, hi: n }, 6, false)
+            .into_iter()
+            .filter(|&t| t >= 1.0 && t.fract() == 0.0)
+            .collect()
+    };
+    let scale_note = if y.is_log() { " (log scale)" } else { "" };
+    let panel = svg::panel(
+        doc,
+        frame,
+        &format!("{label}: delay before each retry"),
+        (x, "retry", &|v| format!("{v:.0}"), false),
+        (y, &format!("delay{scale_note}"), &ms_label, true),
+        Some(x_ticks),
+    );
+    let width = ((right - left) / n * 0.6).clamp(0.5, 28.0);
+    let color = PALETTE[0];
+    for r in &sim.retries {
+        let cx = panel.x.px(f64::from(r.retry));
+        let (x1, x2) = (cx - width / 2.0, cx + width / 2.0);
+        let py = |v: u64| panel.y.px(v as f64);
+        doc.raw(&format!(
+            r#"<g class="band" data-retry="{}" data-min-ms="{}" data-p50-ms="{}" data-p99-ms="{}" data-max-ms="{}">"#,
+            r.retry, r.min_ms, r.p50_ms, r.p99_ms, r.max_ms
+        ));
+        doc.rect(
+            (x1, py(r.min_ms)),
+            (x2, py(r.max_ms)),
+            &format!(r#" class="range" fill="{color}" fill-opacity="0.25""#),
+        );
+        doc.rect(
+            (x1, py(r.p50_ms)),
+            (x2, py(r.p99_ms).min(py(r.p50_ms) - 1.0)),
+            &format!(r#" class="p50-p99" fill="{color}" fill-opacity="0.8""#),
+        );
+        doc.line(
+            (x1, py(r.p50_ms)),
+            (x2, py(r.p50_ms)),
+            r##" class="p50" stroke="#000000" stroke-width="2""##,
+        );
+        doc.raw("</g>");
+    }
+    if sim.retries.is_empty() {
+        let (top, bottom) = (panel.y.to, panel.y.from);
+        doc.text(
+            (left + right) / 2.0,
+            (top + bottom) / 2.0,
+            "middle",
+            "",
+            "no retries (maxAttempts 1)",
+        );
+    }
+    let labels = ["min–max", "p50–p99", "p50"].map(str::to_owned);
+    svg::legend(
+        doc,
+        (left + 8.0, panel.y.to + 8.0),
+        &labels,
+        &|doc, x, y, i| match i {
+            0 => doc.rect(
+                (x, y - 6.0),
+                (x + 16.0, y + 6.0),
+                &format!(r#" fill="{color}" fill-opacity="0.25""#),
+            ),
+            1 => doc.rect(
+                (x, y - 6.0),
+                (x + 16.0, y + 6.0),
+                &format!(r#" fill="{color}" fill-opacity="0.8""#),
+            ),
+            _ => doc.line(
+                (x, y),
+                (x + 16.0, y),
+                r##" stroke="#000000" stroke-width="2""##,
+            ),
+        },
+    );
+}
+
+/// Points of the curve: the share of `times` (sorted) at or below each of 400 evenly
+/// spaced times up to the scale's end, a non-decreasing step drawn as a line.
+fn cdf_points(times: &[u64], hi: f64) -> Vec<(f64, f64)> {
+    const STEPS: u32 = 400;
+    let n = times.len().max(1) as f64;
+    (0..=STEPS)
+        .map(|i| {
+            let t = hi * f64::from(i) / f64::from(STEPS);
+            let at_or_below = times.partition_point(|&x| x as f64 <= t);
+            (t, at_or_below as f64 / n)
+        })
+        .collect()
+}
+
+/// The share of jobs given up by each time since their first failure, with p50 and p99.
+fn given_up(
+    doc: &mut Svg,
+    frame: (f64, f64, f64, f64),
+    label: &str,
+    sim: &Simulation,
+    times: &[u64],
+) {
+    let max = times.last().copied().unwrap_or(0).max(1) as f64;
+    let x = svg::round_up(Scale::Linear { lo: 0.0, hi: max }, 5, true);
+    let Scale::Linear { hi, .. } = x else {
+        unreachable!("a linear scale stays linear")
+    };
+    let y = Scale::Linear { lo: 0.0, hi: 1.0 };
+    let panel = svg::panel(
+        doc,
+        frame,
+        &format!("{label}: jobs given up"),
+        (x, "time since the first failure", &ms_label, true),
+        (
+            y,
+            "share of jobs given up",
+            &|v| format!("{:.0}%", v * 100.0),
+            false,
+        ),
+        None,
+    );
+    let color = PALETTE[1];
+    let points: Vec<(f64, f64)> = cdf_points(times, hi)
+        .into_iter()
+        .map(|(t, share)| (panel.x.px(t), panel.y.px(share)))
+        .collect();
+    doc.polyline(
+        &points,
+        &format!(r#" class="cdf" stroke="{color}" stroke-width="2""#),
+    );
+    let g = sim.give_up_after_ms;
+    for (i, (name, ms)) in [("p50", g.p50), ("p99", g.p99)].into_iter().enumerate() {
+        let px = panel.x.px(ms as f64);
+        doc.raw(&format!(
+            r#"<g class="marker" data-quantile="{name}" data-ms="{ms}">"#
+        ));
+        doc.line(
+            (px, panel.y.from),
+            (px, panel.y.to),
+            r##" stroke="#555555" stroke-dasharray="4 3""##,
+        );
+        let (anchor, dx) = if px > (frame.0 + frame.2) / 2.0 {
+            ("end", -4.0)
+        } else {
+            ("start", 4.0)
+        };
+        doc.text(
+            px + dx,
+            panel.y.from - 8.0 - 16.0 * i as f64,
+            anchor,
+            r##" fill="#333333""##,
+            &format!("{name} {}", format_approx(ms)),
+        );
+        doc.raw("</g>");
+    }
+}
+
+/// One policy's storm runs, in client order.
+pub struct Series {
+    pub label: String,
+    pub runs: Vec<ContentionRun>,
+}
+
+pub fn storm_series(
+    policies: &[Labelled],
+    clients: &[u32],
+    write_ms: u64,
+    seed: u64,
+) -> Vec<Series> {
+    policies
+        .iter()
+        .map(|p| Series {
+            label: p.label.clone(),
+            runs: clients
+                .iter()
+                .map(|&n| simulate_contention(&p.policy, n, write_ms, seed))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The storm picture: calls (left) and the time the last client finished (right) against
+/// the number of clients, one line per policy.
+pub fn storm_svg(series: &[Series], write_ms: u64, seed: u64) -> String {
+    let legend_rows = series.len() as f64;
+    let height = HEADER + 380.0 + 18.0 * legend_rows;
+    let mut doc = Svg::new(WIDTH, height);
+    let title = "Retry storm";
+    let runs = || series.iter().flat_map(|s| &s.runs);
+    let clients_max = runs().map(|r| r.clients).max().unwrap_or(1);
+    let x = svg::round_up(
+        Scale::Linear {
+            lo: 0.0,
+            hi: f64::from(clients_max),
+        },
+        6,
+        false,
+    );
+    type Figure = fn(&ContentionRun) -> u64;
+    let figures: [(&str, &str, Figure, bool, &str); 2] = [
+        ("calls", "writes made", |r| r.calls, false, "calls"),
+        (
+            "completion",
+            "last client finished",
+            |r| r.completion_ms,
+            true,
+            "completion-ms",
+        ),
+    ];
+    let (top, bottom) = (HEADER + 40.0, HEADER + 310.0);
+    for (i, (kind, what, figure, time, attr)) in figures.into_iter().enumerate() {
+        let left = 90.0 + 500.0 * i as f64;
+        let min = runs().map(figure).filter(|&v| v > 0).min().unwrap_or(1) as f64;
+        let max = runs().map(figure).max().unwrap_or(1) as f64;
+        let y = svg::round_up(Scale::fit(min, max, 50.0), 5, time);
+        let note = if y.is_log() { " (log scale)" } else { "" };
+        let label: svg::Label<'_> = if time { &ms_label } else { &svg::count_label };
+        let panel = svg::panel(
+            &mut doc,
+            (left, top, left + 380.0, bottom),
+            &format!("{what} against clients"),
+            (x, "clients", &svg::count_label, false),
+            (y, &format!("{what}{note}"), label, time),
+            None,
+        );
+        doc.raw(&format!(r#"<g class="figure" data-figure="{kind}">"#));
+        for (k, s) in series.iter().enumerate() {
+            let color = PALETTE[k % PALETTE.len()];
+            let points: Vec<(f64, f64)> = s
+                .runs
+                .iter()
+                .map(|r| {
+                    (
+                        panel.x.px(f64::from(r.clients)),
+                        panel.y.px(figure(r) as f64),
+                    )
+                })
+                .collect();
+            doc.raw(&format!(
+                r#"<g class="series" data-policy="{}">"#,
+                svg::escape(&s.label)
+            ));
+            doc.polyline(&points, &format!(r#" stroke="{color}" stroke-width="2""#));
+            for (r, &p) in s.runs.iter().zip(&points) {
+                doc.circle(
+                    p,
+                    3.0,
+                    &format!(
+                        r#" fill="{color}" data-clients="{}" data-{attr}="{}""#,
+                        r.clients,
+                        figure(r)
+                    ),
+                );
+            }
+            doc.raw("</g>");
+        }
+        doc.raw("</g>");
+    }
+    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
+    svg::legend(&mut doc, (90.0, bottom + 50.0), &labels, &|doc, x, y, i| {
+        let color = PALETTE[i % PALETTE.len()];
+        doc.line(
+            (x, y),
+            (x + 16.0, y),
+            &format!(r#" stroke="{color}" stroke-width="2""#),
+        );
+        doc.circle((x + 8.0, y), 3.0, &format!(r#" fill="{color}""#));
+    });
+    doc.text(
+        WIDTH / 2.0,
+        24.0,
+        "middle",
+        r#" font-size="16" font-weight="bold""#,
+        &format!("{title}: clients all writing at once, {write_ms} ms per write, seed {seed}"),
+    );
+    doc.finish(title)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_curve_rises_to_one_at_the_last_give_up() {
+        let points = cdf_points(&[10, 20, 20, 40], 40.0);
+        assert_eq!(points.first(), Some(&(0.0, 0.0)));
+        assert_eq!(points.last(), Some(&(40.0, 1.0)));
+        assert!(
+            points
+                .windows(2)
+                .all(|w| w[0].1 <= w[1].1 && w[0].0 < w[1].0)
+        );
+        let at_20 = points.iter().find(|p| p.0 == 20.0).expect("a point at 20");
+        assert_eq!(at_20.1, 0.75);
+    }
+}

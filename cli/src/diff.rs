@@ -57,12 +57,12 @@ fn side(p: &RetryPolicy, namespace: &str, args: &DiffArgs) -> Result<Side> {
 }
 
 fn read(
-    path: &PathBuf,
+    path: &std::path::Path,
     args: &ClusterArgs,
     namespace: &Option<String>,
 ) -> Result<Vec<RetryPolicy>> {
     let inputs = Inputs {
-        files: vec![path.clone()],
+        files: vec![path.to_path_buf()],
         recursive: false,
     };
     Ok(cluster::load(args, &inputs, namespace.clone())?.policies)

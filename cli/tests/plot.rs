@@ -77,3 +77,84 @@ fn diff_of_a_file_with_itself_is_exit_0_and_unchanged() {
     assert_eq!(doc["changed"], false);
     assert_eq!(doc["policies"][0]["status"], "unchanged");
 }
+
+const OLD: &str = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: a}\nspec:\n  queues: [a]\n  backoff: {strategy: exponential, base: 1s, cap: 1m}\n  maxAttempts: 4\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: gone}\nspec:\n  queues: [g]\n";
+const NEW: &str = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: a}\nspec:\n  queues: [a]\n  backoff: {strategy: exponential, base: 2s, cap: 1m}\n  maxAttempts: 4\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: fresh}\nspec:\n  queues: [f]\n";
+
+#[test]
+fn diff_reports_fields_added_and_removed_policies_and_exits_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, new) = (dir.path().join("old.yaml"), dir.path().join("new.yaml"));
+    std::fs::write(&old, OLD).expect("write");
+    std::fs::write(&new, NEW).expect("write");
+    let out = rebound(&[
+        "diff",
+        old.to_str().expect("path"),
+        new.to_str().expect("path"),
+        "-o",
+        "json",
+        "--clients",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        doc["summary"],
+        serde_json::json!({"added": 1, "removed": 1, "changed": 1, "unchanged": 0})
+    );
+    let a = doc["policies"]
+        .as_array()
+        .expect("policies")
+        .iter()
+        .find(|p| p["name"] == "a")
+        .expect("a");
+    assert_eq!(
+        a["fields"],
+        serde_json::json!([{"path": "spec.backoff.base", "old": "1s", "new": "2s"}])
+    );
+    let retry1 = &a["schedule"][0];
+    assert!(retry1["new"]["p50Ms"].as_u64() > retry1["old"]["p50Ms"].as_u64());
+    assert_eq!(a["storm"][0]["clients"], 10);
+}
+
+#[test]
+fn svgs_render_with_rsvg_convert_at_their_size_and_not_blank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svg = dir.path().join("s.svg");
+    let png = dir.path().join("s.png");
+    let out = rebound(&[
+        "plot",
+        "schedule",
+        "-f",
+        PAYMENTS,
+        "--out",
+        svg.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let status = Command::new("rsvg-convert")
+        .arg("-o")
+        .arg(&png)
+        .arg(&svg)
+        .status()
+        .expect("rsvg-convert (librsvg2-bin) runs");
+    assert!(status.success());
+    let decoder = png::Decoder::new(std::fs::File::open(&png).expect("png"));
+    let mut reader = decoder.read_info().expect("PNG header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("pixels");
+    let text = std::fs::read_to_string(&svg).expect("svg");
+    let doc = roxmltree::Document::parse(&text).expect("XML");
+    let root = doc.root_element();
+    assert_eq!(
+        info.width.to_string(),
+        root.attribute("width").expect("width")
+    );
+    assert_eq!(
+        info.height.to_string(),
+        root.attribute("height").expect("height")
+    );
+    let px = &buf[..info.buffer_size()];
+    let step = info.line_size / info.width as usize;
+    let distinct: std::collections::HashSet<&[u8]> = px.chunks(step).collect();
+    assert!(distinct.len() > 10, "only {} colours", distinct.len());
+}

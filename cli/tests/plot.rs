@@ -158,3 +158,15 @@ fn svgs_render_with_rsvg_convert_at_their_size_and_not_blank() {
     let distinct: std::collections::HashSet<&[u8]> = px.chunks(step).collect();
     assert!(distinct.len() > 10, "only {} colours", distinct.len());
 }
+
+#[test]
+fn the_committed_docs_svg_is_what_the_command_prints_now() {
+    let out = rebound(&["plot", "schedule", "-f", PAYMENTS]);
+    assert_eq!(out.status.code(), Some(0));
+    let committed =
+        std::fs::read(format!("{ROOT}/docs/img/payments-schedule.svg")).expect("docs/img");
+    assert!(
+        out.stdout == committed,
+        "docs/img/payments-schedule.svg is stale; regenerate it (docs/cli.md)"
+    );
+}

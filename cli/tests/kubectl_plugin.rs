@@ -437,6 +437,8 @@ async fn kubectl_completes_the_plugin() -> Result<()> {
             "simulate",
             "explain",
             "storm",
+            "plot",
+            "diff",
             "crd",
             "ask",
             "completion"

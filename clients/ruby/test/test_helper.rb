@@ -58,7 +58,7 @@ module Harness
   def redis_url
     @redis_url ||= begin
       dir = File.join(run_dir, "redis")
-      at_exit { system(File.join(REPO, "dev", "redis.sh"), "down", dir, out: File::NULL, err: File::NULL) }
+      Minitest.after_run { system(File.join(REPO, "dev", "redis.sh"), "down", dir, out: File::NULL, err: File::NULL) }
       last_line(run!(File.join(REPO, "dev", "redis.sh"), "up", dir))
     end
   end

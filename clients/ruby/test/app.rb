@@ -55,3 +55,8 @@ end
 if ENV["REBOUND_NO_MIDDLEWARE"] == "1" # the sidekiq_retry_in path alone
   Sidekiq.configure_server { |c| c.server_middleware { |ch| ch.remove(Rebound::Sidekiq::ServerMiddleware) } }
 end
+
+# For the sidekiq_retry_in path on 6.4, which knows a job's queue only from its class.
+class HookFlaky < Flaky
+  sidekiq_options queue: "hookq"
+end

@@ -223,7 +223,19 @@ module Rebound
         base.extend(ClassMethods)
         base.sidekiq_options(retry: Decide::MAX_ATTEMPTS)
         base.sidekiq_retry_in { |count, exc, job = nil| Rebound::Sidekiq::Worker.retry_in(base, count, exc, job) }
+        base.prepend(InstanceHook)
         Rebound::Sidekiq.install_middleware
+      end
+
+      # Sidekiq 6.4 calls the hook with (count, exception) only: the instance's block knows
+      # the jid, so the jitter is keyed on it there too (7.x passes the job as well).
+      module InstanceHook
+        def sidekiq_retry_in_block
+          inst = self
+          lambda do |count, exc, job = nil|
+            Rebound::Sidekiq::Worker.retry_in(inst.class, count, exc, job || {"jid" => inst.jid, "class" => inst.class.name})
+          end
+        end
       end
 
       module ClassMethods

@@ -124,7 +124,8 @@ end
 class Sidecar
   attr_reader :target, :port
 
-  def initialize(policies_file, name)
+  def initialize(policies_file, name, probe_queue: "flaky")
+    @probe_queue = probe_queue
     @port = Harness.free_port
     @target = "127.0.0.1:#{@port}"
     @log = File.join(Harness.run_dir, "#{name}.log")
@@ -137,7 +138,7 @@ class Sidecar
     Harness.eventually("the sidecar listening", 20) { (TCPSocket.new("127.0.0.1", @port).close || true) rescue false }
     require "rebound/advisor"
     probe = Rebound::Advisor.new(target: @target, deadline_ms: 1000)
-    Harness.eventually("the sidecar serving", 20) { probe.client.get_policy("flaky") rescue false }
+    Harness.eventually("the sidecar serving", 20) { probe.client.get_policy(@probe_queue) rescue false }
     probe.client.close
     self
   end

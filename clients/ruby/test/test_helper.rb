@@ -111,7 +111,11 @@ module Harness
   # JSON lines in a log (the adapter's events start with {"time").
   def events(path, event = nil)
     return [] unless File.exist?(path)
-    File.read(path, mode: "rb").force_encoding("UTF-8").scrub.each_line.filter_map do |line|
+    events_in(File.read(path, mode: "rb"), event)
+  end
+
+  def events_in(text, event = nil)
+    text.dup.force_encoding("UTF-8").scrub.each_line.filter_map do |line|
       at = line.index('{"time"')
       next unless at
       doc = JSON.parse(line[at..]) rescue nil

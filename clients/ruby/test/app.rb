@@ -10,6 +10,7 @@ require "rebound/sidekiq"
 Sidekiq.options[:poll_interval_average] = 0.2
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 R = Redis.new(url: ENV.fetch("REDIS_URL"))
+Sidekiq.death_handlers << ->(job, ex) { R.set("death:#{job["jid"]}", ex.class.name) }
 Rebound::Sidekiq.on_dead_letter { |m| R.rpush("dead:#{m["key"]}", JSON.generate(m)) }
 
 class CodedError < StandardError
@@ -31,6 +32,7 @@ end
 class Flaky
   include Rebound::Sidekiq::Worker
   include Recording
+  sidekiq_retries_exhausted { |msg, ex| R.set("exhausted:#{msg["jid"]}", ex.class.name) }
 
   def perform(fail_times, code = "http.503")
     record

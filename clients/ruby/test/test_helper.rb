@@ -45,7 +45,11 @@ module Harness
   end
 
   def run_dir
-    @run_dir ||= File.join(REPO, ".state", "rb-tests", "run-#{Process.pid}").tap { |d| FileUtils.mkdir_p(d) }
+    @run_dir ||= File.join(REPO, ".state", "rb-tests", "run-#{Process.pid}").tap do |d|
+      FileUtils.mkdir_p(d)
+      require "rebound/advisor"
+      Rebound.log_io = File.open(File.join(d, "test-process.log"), "a").tap { |f| f.sync = true }
+    end
   end
 
   def bin_dir

@@ -67,6 +67,8 @@ class WorkerTest < Minitest::Test
     first = entry["failed_at"] * 1000
     assert_in_delta runs(jid).first["ms"], first, 1000
     assert_equal first.to_i, msg["first_failure_unix_ms"]
+    # As when Sidekiq's own retries run out: the class's block, then the death handlers.
+    assert_equal ["CodedError", "CodedError"], [r.get("exhausted:#{jid}"), r.get("death:#{jid}")]
   end
 
   def test_non_retryable_dead_letters_at_the_first_failure
@@ -85,6 +87,7 @@ class WorkerTest < Minitest::Test
     assert_nil dead_set_entry(jid)
     assert_equal [], dead_letters(jid)
     assert_equal 0, Sidekiq::RetrySet.new.count { |j| j.jid == jid }
+    assert_equal [nil, nil], [r.get("exhausted:#{jid}"), r.get("death:#{jid}")]
     jid2 = push("Flaky", "payments", 1000, "CardDeclined")
     Harness.eventually("drop", 30) { @worker.events("rebound.dropped").find { |x| x["jid"] == jid2 } }
     assert_equal 1, runs(jid2).length

@@ -7,10 +7,19 @@ require "rebound/client"
 require "rebound/decide"
 
 module Rebound
-  # One JSON line on stderr (structured fields); never raises.
+  class << self
+    # Where the adapter's JSON lines go (default: $stderr).
+    attr_writer :log_io
+
+    def log_io
+      @log_io || $stderr
+    end
+  end
+
+  # One JSON line on log_io (structured fields); never raises.
   def self.log(level, event, **fields)
     line = {"time" => Time.now.utc.iso8601(3), "level" => level, "event" => event, "pid" => Process.pid}.merge(fields.transform_keys(&:to_s))
-    $stderr.write(JSON.generate(line) + "\n")
+    log_io.write(JSON.generate(line) + "\n")
   rescue StandardError
     nil
   end
@@ -146,6 +155,7 @@ module Rebound
 
     def refresh_in_background(queue)
       @lock.synchronize do
+        @refreshing, @pid = {}, Process.pid if @pid != Process.pid # threads do not survive fork
         return if @refreshing[queue]
         @refreshing[queue] = true
       end

@@ -185,13 +185,21 @@ module Rebound
           Rebound.log("error", "rebound.retries_exhausted_error", jid: msg["jid"], error: e.inspect[0, 300])
         end
         ::Sidekiq::DeadSet.new.kill(::Sidekiq.dump_json(msg), notify_failure: false) unless msg["dead"] == false
-        ::Sidekiq.death_handlers.each do |h|
+        death_handlers.each do |h|
           h.call(msg, exc)
         rescue StandardError => e
           Rebound.log("error", "rebound.death_handler_error", jid: msg["jid"], error: e.inspect[0, 300])
         end
         Rebound::Sidekiq.advisor.count("dead_lettered")
         Rebound.log("warn", "rebound.dead_lettered", **fields, reason: answer["reason"], dead_letter_queue: dlq)
+      end
+
+      # Sidekiq.death_handlers (6.x) or the default configuration's (7.x).
+      def death_handlers
+        return ::Sidekiq.death_handlers if ::Sidekiq.respond_to?(:death_handlers)
+        ::Sidekiq.default_configuration.death_handlers
+      rescue StandardError
+        []
       end
 
       # What Sidekiq's JobRetry#attempt_retry records on the job before scheduling it.

@@ -9,7 +9,7 @@ class FailoverTest < Minitest::Test
 
   def test_sidecar_killed_fallback_gives_the_same_answers
     sidecar = Sidecar.new(Harness.policies_file, "sidecar-failover").start
-    worker = SidekiqWorker.new(sidecar.target, "worker-failover", concurrency: 1).start
+    worker = SidekiqWorker.new(sidecar.target, "worker-failover", queues: %w[failover], concurrency: 1).start
     resolved, identity = policy_of(sidecar.target, "failover")
     # The first failure is answered by the sidecar, which makes the worker fetch the policy.
     jid = push("Flaky", "failover", 4)
@@ -48,7 +48,7 @@ class FailoverTest < Minitest::Test
   # (-t seconds to finish) pushes unfinished jobs back onto their queue.
   def test_worker_killed_retry_set_survives_sigterm_requeues_sigkill_loses_the_running_job
     target = Harness.sidecar.target
-    worker = SidekiqWorker.new(target, "worker-crash").start
+    worker = SidekiqWorker.new(target, "worker-crash", queues: %w[crash]).start
     between = push("Flaky", "crash", 1) # fails once, then waits 3 s in the retry set
     killed = push("Slow", "crash", 120)
     Harness.eventually("first failure", 30) { worker.events("rebound.retry").any? { |e| e["jid"] == between } }
@@ -58,7 +58,7 @@ class FailoverTest < Minitest::Test
     nowhere = [Sidekiq::Queue.new("crash"), Sidekiq::RetrySet.new, Sidekiq::ScheduledSet.new, Sidekiq::DeadSet.new]
     assert(nowhere.none? { |set| set.any? { |j| j.jid == killed } }, "basic fetch: the killed job is in no queue or set")
 
-    again = SidekiqWorker.new(target, "worker-crash-2").start
+    again = SidekiqWorker.new(target, "worker-crash-2", queues: %w[crash]).start
     Harness.eventually("the waiting retry completed", 60) { r.get("done:#{between}") }
     assert_equal 2, runs(between).length
     assert_nil r.get("done:#{killed}")
@@ -68,7 +68,7 @@ class FailoverTest < Minitest::Test
     Harness.eventually("slow job running", 30) { r.get("started:#{graceful}") }
     again.stop # SIGTERM: after -t 3 s the running job is pushed back onto its queue
     assert(Sidekiq::Queue.new("crash").any? { |j| j.jid == graceful }, "SIGTERM requeues the running job")
-    third = SidekiqWorker.new(target, "worker-crash-3").start
+    third = SidekiqWorker.new(target, "worker-crash-3", queues: %w[crash]).start
     Harness.eventually("the requeued job completed", 60) { r.get("done:#{graceful}") }
     assert_equal 2, runs(graceful).length
     third.stop

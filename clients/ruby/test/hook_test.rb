@@ -8,7 +8,7 @@ class HookTest < Minitest::Test
   include JobAsserts
 
   def test_sidekiq_retry_in_alone_answers_whole_seconds_and_sidekiq_adds_its_jitter
-    worker = SidekiqWorker.new(Harness.sidecar.target, "worker-hook", env: {"REBOUND_NO_MIDDLEWARE" => "1"}).start
+    worker = SidekiqWorker.new(Harness.sidecar.target, "worker-hook", queues: %w[hookq], env: {"REBOUND_NO_MIDDLEWARE" => "1"}).start
     jid = push("HookFlaky", "hookq", 1)
     Harness.eventually("completion", 60) { r.get("done:#{jid}") }
     (e,) = worker.events("rebound.retry").select { |x| x["jid"] == jid }

@@ -80,7 +80,7 @@ class StackTest < Minitest::Test
       [File.join(Harness.bin_dir, "rebound-sidecar"), "--configmap=#{ns}/rebound-policies", "--listen=#{target}",
        "--admin-listen=127.0.0.1:#{Harness.free_port}", "--log-format=json"], File.join(logs, "sidecar.log"))
     Harness.eventually("the sidecar serving the policy", 60) { max_attempts(target) == 3 }
-    worker = SidekiqWorker.new(target, "#{ns}/worker").start
+    worker = SidekiqWorker.new(target, "#{ns}/worker", queues: %w[stackq]).start
 
     jid = push("Flaky", "stackq", 1000)
     msg = Harness.eventually("dead letter", 60) { dead_letters(jid).first }

@@ -44,6 +44,11 @@ rm -rf .state/py-tests # logs of the previous run's workers and sidecars
 py_venv="$(clients/python/dev-env.sh | tail -n 1)"
 (cd clients/python && "$py_venv/bin/python" -m pytest -q)
 
+# Ruby (clients/ruby): the Sidekiq adapter's tests (Debian packages, installed by .ci/run)
+# against real sidekiq processes, Redis and a rebound-sidecar.
+rm -rf .state/rb-tests # logs of the previous run's workers and sidecars
+(cd clients/ruby && rake test)
+
 # GitOps health (gitops/, a Go module; modules from the proxy): the Argo CD Lua check and
 # kstatus on RetryPolicies the real operator wrote, and the repository's kustomization.
 cargo build --locked --quiet -p rebound-operator

@@ -20,6 +20,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 30000),
+    # gRPC pools connections process-wide by target; a child's new channel would otherwise
+    # pick up the parent's inherited, dead connection and fail with UNAVAILABLE.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 _clients = weakref.WeakSet()
 

@@ -136,8 +136,15 @@ const WIDTH: f64 = 1000.0;
 const ROW: f64 = 330.0;
 const HEADER: f64 = 40.0;
 
+/// Axis labels: `format_approx` without its zero parts (`1m`, not `1m0s`; `2s`, not `2.00s`).
 fn ms_label(v: f64) -> String {
-    format_approx(v.round().max(0.0) as u64)
+    let text = format_approx(v.round().max(0.0) as u64);
+    for (zero, unit) in [(".00s", "s"), (".0s", "s"), ("m0s", "m"), ("h0m", "h")] {
+        if let Some(head) = text.strip_suffix(zero) {
+            return format!("{head}{unit}");
+        }
+    }
+    text
 }
 
 /// The schedule picture: one row per policy, delay bands on the left, the share of jobs
@@ -195,7 +202,7 @@ fn bands(doc: &mut Svg, frame: (f64, f64, f64, f64), label: &str, sim: &Simulati
         .min()
         .unwrap_or(1) as f64;
     let max = sim.retries.iter().map(|r| r.max_ms).max().unwrap_or(1) as f64;
-    let y = svg::round_up(Scale::fit(min_positive, max, 50.0), 5, true);
+    let y = svg::round_up(Scale::fit(min_positive, max, 50.0, true), 5, true);
     let x = Scale::Linear {
         lo: 0.5,
         hi: n + 0.5,
@@ -413,7 +420,7 @@ pub fn storm_svg(series: &[Series], write_ms: u64, seed: u64) -> String {
         let left = 90.0 + 500.0 * i as f64;
         let min = runs().map(figure).filter(|&v| v > 0).min().unwrap_or(1) as f64;
         let max = runs().map(figure).max().unwrap_or(1) as f64;
-        let y = svg::round_up(Scale::fit(min, max, 50.0), 5, time);
+        let y = svg::round_up(Scale::fit(min, max, 50.0, time), 5, time);
         let note = if y.is_log() { " (log scale)" } else { "" };
         let label: svg::Label<'_> = if time { &ms_label } else { &svg::count_label };
         let panel = svg::panel(
@@ -480,6 +487,20 @@ pub fn storm_svg(series: &[Series], write_ms: u64, seed: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axis_labels_drop_zero_parts() {
+        let labels: Vec<String> = [0.0, 250.0, 1e3, 1_500.0, 10e3, 60e3, 90e3, 600e3, 3_600e3]
+            .into_iter()
+            .map(ms_label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "0ms", "250ms", "1s", "1.50s", "10s", "1m", "1m30s", "10m", "1h"
+            ]
+        );
+    }
 
     #[test]
     fn the_curve_rises_to_one_at_the_last_give_up() {

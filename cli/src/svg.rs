@@ -24,13 +24,22 @@ pub enum Scale {
 }
 
 impl Scale {
-    /// A linear scale from 0 to `max` (at least 1), or a log one from the decade at or
-    /// below `min_positive` to the decade at or above `max` when the data span more than
-    /// `ratio` (exponential schedules, retry storms).
-    pub fn fit(min_positive: f64, max: f64, ratio: f64) -> Scale {
+    /// A linear scale from 0 to `max` (at least 1), or a log one when the data span more
+    /// than `ratio` (exponential schedules, retry storms): from the decade at or below
+    /// `min_positive` to the decade at or above `max`, or for durations (`time`) from the
+    /// round duration of [`LOG_TIME_TICKS_MS`] at or below to the one at or above, so both
+    /// ends are labelled.
+    pub fn fit(min_positive: f64, max: f64, ratio: f64, time: bool) -> Scale {
         let max = max.max(1.0);
         let min = min_positive.clamp(1.0, max);
-        if max / min > ratio {
+        if max / min > ratio && time {
+            let below = LOG_TIME_TICKS_MS.iter().rev().find(|&&t| t <= min);
+            let above = LOG_TIME_TICKS_MS.iter().find(|&&t| t >= max);
+            Scale::Log {
+                lo: below.copied().unwrap_or(1.0),
+                hi: above.copied().unwrap_or(10f64.powf(max.log10().ceil())),
+            }
+        } else if max / min > ratio {
             Scale::Log {
                 lo: 10f64.powf(min.log10().floor()),
                 hi: 10f64.powf(max.log10().ceil()),
@@ -73,10 +82,25 @@ impl Axis {
 }
 
 /// Tick values for an axis: for log scales the decades (with 2 and 5 when there are few),
-/// for linear ones a 1–2–5 step, or for durations (`time`) a step from a list of round
-/// durations in milliseconds, about `count` ticks.
+/// or for durations (`time`) the round durations of [`LOG_TIME_TICKS_MS`] (all of
+/// [`TIME_STEPS_MS`] when fewer than four fall inside); for linear ones a 1–2–5 step, or
+/// for durations a step from [`TIME_STEPS_MS`], about `count` ticks.
 pub fn ticks(scale: Scale, count: usize, time: bool) -> Vec<f64> {
     match scale {
+        Scale::Log { lo, hi } if time => {
+            let inside = |list: &[f64]| -> Vec<f64> {
+                list.iter()
+                    .copied()
+                    .filter(|&t| t >= lo * (1.0 - 1e-9) && t <= hi * (1.0 + 1e-9))
+                    .collect()
+            };
+            let round = inside(&LOG_TIME_TICKS_MS);
+            if round.len() >= 4 {
+                round
+            } else {
+                inside(&TIME_STEPS_MS)
+            }
+        }
         Scale::Log { lo, hi } => {
             let decades = (hi / lo).log10().round() as i32;
             let mut out = Vec::new();
@@ -117,6 +141,21 @@ pub fn ticks(scale: Scale, count: usize, time: bool) -> Vec<f64> {
 }
 
 const DAY_MS: f64 = 86_400_000.0;
+/// Round durations about a decade apart, for log time axes: decades of milliseconds read
+/// badly past a minute (100 s is `1m40s`, 1,000 s `16m40s`).
+const LOG_TIME_TICKS_MS: [f64; 11] = [
+    1.0,
+    10.0,
+    100.0,
+    1e3,
+    10e3,
+    60e3,
+    600e3,
+    3_600e3,
+    21_600e3,
+    DAY_MS,
+    7.0 * DAY_MS,
+];
 const TIME_STEPS_MS: [f64; 30] = [
     1.0,
     2.0,
@@ -381,11 +420,11 @@ mod tests {
 
     #[test]
     fn log_scales_span_whole_decades() {
-        match Scale::fit(3.0, 4_500.0, 50.0) {
+        match Scale::fit(3.0, 4_500.0, 50.0, false) {
             Scale::Log { lo, hi } => assert_eq!((lo, hi), (1.0, 10_000.0)),
             other => panic!("{other:?}"),
         }
-        assert!(!Scale::fit(100.0, 400.0, 50.0).is_log());
+        assert!(!Scale::fit(100.0, 400.0, 50.0, false).is_log());
     }
 
     #[test]
@@ -416,6 +455,23 @@ mod tests {
             Scale::Linear { hi, .. } => assert_eq!(hi, 100.0),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn log_time_axes_end_and_tick_on_round_durations() {
+        // Data from 3 s to 20 min: decades would end at 16m40s and tick at 1m40s.
+        let s = Scale::fit(3_000.0, 1_200_000.0, 50.0, true);
+        match s {
+            Scale::Log { lo, hi } => assert_eq!((lo, hi), (1e3, 3_600e3)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ticks(s, 5, true), vec![1e3, 10e3, 60e3, 600e3, 3_600e3]);
+        // A narrow log span falls back to the finer round steps.
+        let narrow = Scale::Log { lo: 1e3, hi: 60e3 };
+        assert_eq!(
+            ticks(narrow, 5, true),
+            vec![1e3, 2e3, 5e3, 10e3, 15e3, 30e3, 60e3]
+        );
     }
 
     #[test]

@@ -3,10 +3,20 @@
 
 use std::process::Command;
 
-use rebound_policy::{Policy, manifest, simulate};
+use rebound_policy::{Policy, contention::simulate_contention, manifest, simulate};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 const PAYMENTS: &str = "examples/policies/payments.yaml";
+const WEBHOOKS: &str = "examples/policies/webhooks.yaml";
+
+/// The policy of the first manifest in `file`, as the CLI builds it for the default namespace.
+fn policy_in(file: &str) -> Policy {
+    let text = std::fs::read_to_string(format!("{ROOT}/{file}")).expect("file");
+    let m = manifest::parse_manifests(&text).expect("manifests");
+    let (_, params) = m[0].result.as_ref().expect("valid");
+    let name = m[0].name.clone().expect("metadata.name");
+    Policy::new(&format!("default/{name}"), params.clone())
+}
 
 fn rebound(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_rebound"))
@@ -67,6 +77,74 @@ fn schedule_svg_has_one_band_per_retry_with_the_simulated_figures() {
             .windows(2)
             .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1)
     );
+}
+
+#[test]
+fn storm_svg_has_one_series_per_policy_with_the_simulated_figures() {
+    let out = rebound(&[
+        "plot",
+        "storm",
+        "-f",
+        PAYMENTS,
+        "-f",
+        WEBHOOKS,
+        "--clients",
+        "5,20,40",
+        "--write",
+        "10ms",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    let doc = roxmltree::Document::parse(&text).expect("XML");
+    let figure = |kind: &str| {
+        doc.descendants()
+            .find(|n| n.attribute("data-figure") == Some(kind))
+            .expect("figure group")
+    };
+    for (kind, attr) in [
+        ("calls", "data-calls"),
+        ("completion", "data-completion-ms"),
+    ] {
+        let series: Vec<_> = figure(kind)
+            .children()
+            .filter(|n| n.attribute("class") == Some("series"))
+            .collect();
+        let names: Vec<_> = series.iter().map(|s| s.attribute("data-policy")).collect();
+        assert_eq!(names, [Some("payments"), Some("webhooks")]);
+        for (node, file) in series.iter().zip([PAYMENTS, WEBHOOKS]) {
+            let policy = policy_in(file);
+            let points: Vec<(u32, u64)> = node
+                .children()
+                .filter(|n| n.has_tag_name("circle"))
+                .map(|c| {
+                    let n = c
+                        .attribute("data-clients")
+                        .expect("clients")
+                        .parse()
+                        .expect("u32");
+                    let v = c.attribute(attr).expect("figure").parse().expect("u64");
+                    (n, v)
+                })
+                .collect();
+            let want: Vec<(u32, u64)> = [5, 20, 40]
+                .into_iter()
+                .map(|n| {
+                    let run = simulate_contention(&policy, n, 10, 3);
+                    (
+                        n,
+                        if kind == "calls" {
+                            run.calls
+                        } else {
+                            run.completion_ms
+                        },
+                    )
+                })
+                .collect();
+            assert_eq!(points, want, "{kind} of {file}");
+        }
+    }
 }
 
 #[test]

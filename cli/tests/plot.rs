@@ -15,7 +15,7 @@ fn policy_in(file: &str) -> Policy {
     let m = manifest::parse_manifests(&text).expect("manifests");
     let (_, params) = m[0].result.as_ref().expect("valid");
     let name = m[0].name.clone().expect("metadata.name");
-    Policy::new(&format!("default/{name}"), params.clone())
+    Policy::new(format!("default/{name}"), params.clone())
 }
 
 fn rebound(args: &[&str]) -> std::process::Output {

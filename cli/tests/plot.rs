@@ -32,17 +32,7 @@ fn schedule_svg_has_one_band_per_retry_with_the_simulated_figures() {
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8(out.stdout).expect("UTF-8");
     let doc = roxmltree::Document::parse(&text).expect("XML");
-    let m = manifest::parse_manifests(
-        &std::fs::read_to_string(format!("{ROOT}/{PAYMENTS}")).expect("file"),
-    )
-    .expect("manifests");
-    let (_, params) = m[0].result.as_ref().expect("valid");
-    let sim = simulate(
-        &Policy::new("default/payments", params.clone()),
-        10_000,
-        3,
-        true,
-    );
+    let sim = simulate(&policy_in(PAYMENTS), 10_000, 3, true);
     let bands: Vec<_> = doc
         .descendants()
         .filter(|n| n.attribute("class") == Some("band"))

@@ -21,7 +21,7 @@ cp_script_name=postgres
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 cmd="${1:-}"
 dir="${2:-}"
@@ -230,6 +230,12 @@ for ((attempt = 0; attempt < 5; attempt++)); do
     sleep 0.05
   done
   stop
+  if tail -n 20 "$log" | grep -q "another postmaster"; then
+    # After a crash of the postmaster its children take a moment to notice and exit.
+    cp_log "the previous server's processes are still exiting; retrying"
+    sleep 2
+    continue
+  fi
   if tail -n 20 "$log" | grep -q "could not bind\|Address already in use"; then
     cp_log "port $PG_PORT is taken; retrying with another port"
     PG_PORT=""

@@ -107,6 +107,13 @@ func run(m *testing.M) int {
 	}
 	defer sidecar.Kill()
 	code := m.Run()
+	// Stopped before the state dir goes (the deferred calls would run after it).
+	sidecar.Kill()
+	pool.Close()
+	if err := pg.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "teardown:", err)
+		code = 1
+	}
 	if code == 0 {
 		os.RemoveAll(runDir)
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -108,5 +109,66 @@ func TestPostgresScriptStartsAcceptsAndStops(t *testing.T) {
 	}
 	if _, err := os.Stat(data); !os.IsNotExist(err) {
 		t.Errorf("data dir %s left behind: %v", data, err)
+	}
+}
+
+func postmasterPID(t *testing.T, pg *Postgres) int {
+	t.Helper()
+	data, err := pg.DataDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.SplitN(string(raw), "\n", 2)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// After the postmaster is killed (SIGKILL), `up` starts it again on the same port with
+// the same data, once the old server's children have gone.
+func TestPostgresScriptRestartsAfterCrash(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "pg")
+	pg, err := StartPostgres(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (synchronous_commit is off: the CHECKPOINT after the commit writes it out.)
+	for _, sql := range []string{"CREATE TABLE kept (n int)", "INSERT INTO kept VALUES (7)", "CHECKPOINT"} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close(ctx)
+	old := postmasterPID(t, pg)
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	again, err := StartPostgres(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.URL != pg.URL || postmasterPID(t, pg) == old {
+		t.Fatalf("restarted at %q (pid %d), was %q (pid %d)", again.URL, postmasterPID(t, pg), pg.URL, old)
+	}
+	conn, err = pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT n FROM kept").Scan(&n); err != nil || n != 7 {
+		t.Fatalf("kept row: %d, %v", n, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
+	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
 	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 )
 
@@ -91,6 +92,7 @@ func TestWorkerKilledMidJobIsRescued(t *testing.T) {
 	worker.Env = append(os.Environ(), crashWorkerEnv+"=1", "DATABASE_URL="+pool.Config().ConnString(),
 		"REBOUND_TARGET="+sidecar.Target)
 	worker.Stdout, worker.Stderr = log, log
+	worker.SysProcAttr = devstack.DieWithParent()
 	if err := worker.Start(); err != nil {
 		t.Fatal(err)
 	}

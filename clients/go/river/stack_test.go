@@ -53,13 +53,30 @@ spec:
   terminal: {action: deadLetter, deadLetterQueue: stack-dead}
 `
 
+// script runs dev/NAME and returns its last stdout line. Its output goes to files, not
+// pipes: a daemon it starts keeps what it inherited open, and a pipe would never close.
 func script(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(devstack.RepoRoot(), "dev", name), args...).Output()
+	out, err := os.CreateTemp(t.TempDir(), "stdout")
 	if err != nil {
-		t.Fatalf("dev/%s: %v", name, err)
+		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	defer out.Close()
+	errf, err := os.Create(filepath.Join(runDir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errf.Close()
+	cmd := exec.Command(filepath.Join(devstack.RepoRoot(), "dev", name), args...)
+	cmd.Stdout, cmd.Stderr = out, errf
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("dev/%s: %v (log %s)", name, err, errf.Name())
+	}
+	raw, err := os.ReadFile(out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
 	return lines[len(lines)-1]
 }
 
@@ -85,6 +102,7 @@ func background(t *testing.T, log string, env []string, bin string, args ...stri
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, f, f
+	cmd.SysProcAttr = devstack.DieWithParent()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

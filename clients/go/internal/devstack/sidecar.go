@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,6 +32,12 @@ func SidecarBinary() (string, error) {
 		return "", fmt.Errorf("no sidecar at %s (cargo build -p rebound-sidecar): %w", bin, err)
 	}
 	return bin, nil
+}
+
+// DieWithParent makes a child process get SIGKILL when the test process dies (a test
+// timeout panics without running cleanups).
+func DieWithParent() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // FreePort is a TCP port on 127.0.0.1 that nothing listened on a moment ago.
@@ -99,6 +106,7 @@ func (s *Sidecar) Start() error {
 	defer log.Close()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = DieWithParent()
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -62,6 +62,16 @@ spec:
 ---
 apiVersion: rebound.dev/v1alpha1
 kind: RetryPolicy
+metadata: {name: deadline}
+spec:
+  queues: ["deadline"]
+  backoff: {strategy: constant, base: 400ms, jitter: {kind: none}}
+  maxAttempts: 100
+  maxRetryDuration: 1500ms
+  terminal: {action: deadLetter, deadLetterQueue: deadline-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
 metadata: {name: crash}
 spec:
   queues: ["crash"]

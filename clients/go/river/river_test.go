@@ -134,6 +134,24 @@ func TestNonRetryableErrorClass(t *testing.T) {
 	}
 }
 
+// maxRetryDuration counts from the first failure, taken from the job's recorded errors:
+// the policy gives up (reason deadline) once the next run would start past it, long
+// before maxAttempts.
+func TestGivesUpAtMaxRetryDuration(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "deadline")
+	c := startRiver(t, rb, "deadline")
+	id := insert(t, c, "deadline", FailArgs{FailTimes: -1})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || g == nil || g.Reason != "deadline" || job.Attempt < 2 || job.Attempt >= 100 {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+	// At the give-up, the next run (400ms later) would have started past 1500ms.
+	if elapsed := g.At.Sub(job.Errors[0].At); elapsed+400*time.Millisecond <= 1500*time.Millisecond {
+		t.Fatalf("gave up %s after the first failure", elapsed)
+	}
+}
+
 // A job that fails twice then succeeds completes on its third run, with no give-up record.
 func TestRetriesUntilSuccess(t *testing.T) {
 	rb := newRebound(t, sidecar.Target, "payments")

@@ -141,6 +141,17 @@ type FailArgs struct {
 
 func (FailArgs) Kind() string { return "rebound_test_fail" }
 
+// PanicArgs: a job whose every run panics.
+type PanicArgs struct{}
+
+func (PanicArgs) Kind() string { return "rebound_test_panic" }
+
+type panicWorker struct {
+	river.WorkerDefaults[PanicArgs]
+}
+
+func (panicWorker) Work(context.Context, *river.Job[PanicArgs]) error { panic("worker bug") }
+
 type failWorker struct {
 	river.WorkerDefaults[FailArgs]
 }
@@ -176,6 +187,7 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	workers := river.NewWorkers()
 	river.AddWorker(workers, failWorker{})
 	river.AddWorker(workers, &sleepWorker{})
+	river.AddWorker(workers, panicWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,

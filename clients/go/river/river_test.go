@@ -152,6 +152,19 @@ func TestGivesUpAtMaxRetryDuration(t *testing.T) {
 	}
 }
 
+// A panicking run is decided like a failure (class "panic"): retried, then given up.
+func TestPanicIsDecidedLikeAFailure(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "dropme")
+	c := startRiver(t, rb, "dropme")
+	id := insert(t, c, "dropme", PanicArgs{})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 2 || g == nil || g.ErrorClass != "panic" ||
+		g.Error != "panic: worker bug" || g.Disposition != reboundriver.DispositionDrop {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+}
+
 // A job that fails twice then succeeds completes on its third run, with no give-up record.
 func TestRetriesUntilSuccess(t *testing.T) {
 	rb := newRebound(t, sidecar.Target, "payments")

@@ -1,0 +1,540 @@
+package rebound
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/rebound-dev/rebound/clients/go/reboundv1"
+)
+
+// LibraryAttempts is above every valid maxAttempts (10000): a job library's own attempt
+// limit set to it never decides before Rebound does.
+const LibraryAttempts = 10001
+
+// DefaultIdentity seeds the default policy's jitter.
+const DefaultIdentity = "rebound/default"
+
+// LastResortDelay is answered when even the local fallback fails (it should not).
+const LastResortDelay = 5 * time.Second
+
+const (
+	maxJobIDBytes      = 512
+	maxErrorClassBytes = 253
+	logEvery           = time.Minute
+)
+
+// DefaultPolicy is what a RetryPolicy with an empty spec resolves to (the policy crate's
+// defaults): the fallback for a queue whose policy was never fetched.
+func DefaultPolicy() *pb.ResolvedPolicy {
+	return &pb.ResolvedPolicy{
+		Strategy:    pb.Strategy_STRATEGY_EXPONENTIAL,
+		BaseMs:      1000,
+		Multiplier:  2,
+		CapMs:       600000,
+		Jitter:      pb.Jitter_JITTER_FULL,
+		MaxAttempts: 10,
+		Terminal:    pb.Disposition_DISPOSITION_DROP,
+	}
+}
+
+// Options configure a Client; zero values take the defaults.
+type Options struct {
+	// Target is "unix:///abs/path.sock" or "host:port"; default $REBOUND_TARGET, else 127.0.0.1:7411.
+	Target string
+	// Deadline of each call to the sidecar (default 250ms): a hook must answer quickly.
+	Deadline time.Duration
+	// RefreshInterval is how often cached policies are fetched again (default 30s).
+	RefreshInterval time.Duration
+	// DefaultPolicy answers for queues with nothing cached (default DefaultPolicy()).
+	DefaultPolicy *pb.ResolvedPolicy
+	// Logger gets the fallback and policy-cache lines (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Failure is one failed run, as a job library reports it.
+type Failure struct {
+	Queue string
+	// Attempt is the 1-based number of the run that just failed (0 reads as 1).
+	Attempt int
+	// JobID seeds the jitter, so repeated questions get equal answers.
+	JobID        string
+	ErrorClass   string
+	FirstFailure time.Time
+	RetryAfter   time.Duration
+}
+
+// Source says who answered: the sidecar, or the local fallback.
+type Source string
+
+const (
+	SourceSidecar  Source = "sidecar"
+	SourceFallback Source = "fallback"
+)
+
+// PolicySource says which policy answered: the sidecar's, the cached copy, or the default.
+type PolicySource string
+
+const (
+	PolicySidecar PolicySource = "sidecar"
+	PolicyCached  PolicySource = "cached"
+	PolicyDefault PolicySource = "default"
+)
+
+// Answer is a decision; Delay is set only for DECISION_RETRY.
+type Answer struct {
+	Decision        pb.Decision
+	Delay           time.Duration
+	Disposition     pb.Disposition
+	DeadLetterQueue string
+	Reason          pb.GiveUpReason
+	ReasonMessage   string
+	Policy          *pb.PolicyRef
+	Source          Source
+	PolicySource    PolicySource
+}
+
+// Retry tells whether the job runs again.
+func (a Answer) Retry() bool { return a.Decision == pb.Decision_DECISION_RETRY }
+
+// Metrics are the client's counters since it was made.
+type Metrics struct {
+	Decisions struct{ Retry, GiveUpMaxAttempts, GiveUpDeadline, GiveUpNonRetryable int }
+	Fallback  struct {
+		Total, Unavailable, DeadlineExceeded, NotFound, Other, DefaultPolicy int
+	}
+	DeadLettered, Dropped, HookErrors int
+}
+
+type cachedPolicy struct {
+	ref      *pb.PolicyRef
+	resolved *pb.ResolvedPolicy
+	identity string
+}
+
+// Client asks the sidecar and falls back to the last GetPolicy answer for the queue (or
+// the default policy) with the local port of the decision function. Safe for concurrent use.
+type Client struct {
+	target   string
+	deadline time.Duration
+	logger   *slog.Logger
+	def      *pb.ResolvedPolicy
+	conn     *grpc.ClientConn
+	rpc      pb.RetryAdvisorClient
+
+	mu       sync.Mutex
+	policies map[string]cachedPolicy
+	queues   map[string]bool
+	inflight map[string]chan struct{}
+	lastLog  map[string]time.Time
+	metrics  Metrics
+	closed   bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$`)
+
+// New makes a Client; it connects lazily, at the first call. An error only for bad options.
+func New(o Options) (*Client, error) {
+	target := o.Target
+	if target == "" {
+		target = os.Getenv("REBOUND_TARGET")
+	}
+	if target == "" {
+		target = "127.0.0.1:7411"
+	}
+	dial := target
+	switch {
+	case strings.HasPrefix(target, "unix:"):
+	case hostPort.MatchString(target):
+		dial = "passthrough:///" + target
+	default:
+		return nil, fmt.Errorf("target: %q is not \"unix:///path\" or \"host:port\"", target)
+	}
+	if o.Deadline < 0 || o.RefreshInterval < 0 {
+		return nil, errors.New("Deadline and RefreshInterval must not be negative")
+	}
+	c := &Client{
+		target:   target,
+		deadline: o.Deadline,
+		logger:   o.Logger,
+		def:      o.DefaultPolicy,
+		policies: map[string]cachedPolicy{},
+		queues:   map[string]bool{},
+		inflight: map[string]chan struct{}{},
+		lastLog:  map[string]time.Time{},
+		stop:     make(chan struct{}),
+	}
+	if c.deadline == 0 {
+		c.deadline = 250 * time.Millisecond
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if c.def == nil {
+		c.def = DefaultPolicy()
+	} else {
+		c.def = proto.Clone(c.def).(*pb.ResolvedPolicy)
+		if _, err := DecideLocal(c.def, DefaultIdentity, 1, Context{JobID: "check"}); err != nil {
+			return nil, fmt.Errorf("DefaultPolicy: %w", err)
+		}
+	}
+	// Reconnect quickly once the sidecar is back; calls never wait for a connection.
+	bo := backoff.DefaultConfig
+	bo.BaseDelay, bo.MaxDelay = 100*time.Millisecond, time.Second
+	conn, err := grpc.NewClient(dial,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: time.Second}),
+		grpc.WithDisableRetry())
+	if err != nil {
+		return nil, fmt.Errorf("target %q: %w", target, err)
+	}
+	c.conn, c.rpc = conn, pb.NewRetryAdvisorClient(conn)
+	refresh := o.RefreshInterval
+	if refresh == 0 {
+		refresh = 30 * time.Second
+	}
+	c.wg.Add(1)
+	go c.refreshLoop(refresh)
+	return c, nil
+}
+
+// Target is the sidecar's address as configured.
+func (c *Client) Target() string { return c.target }
+
+func truncateUTF8(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// Normalise gives the question the sidecar and the fallback both see: attempt within
+// 1..2^32-1, a long job id replaced by its SHA-256, the error class cut to 253 bytes,
+// a first failure before 2001 (likely seconds) dropped.
+func Normalise(f Failure) *pb.DecideRequest {
+	attempt := uint32(1)
+	if f.Attempt > 1 {
+		attempt = uint32(min(int64(f.Attempt), int64(^uint32(0))))
+	}
+	r := &pb.DecideRequest{Queue: f.Queue, Attempt: attempt}
+	if f.JobID != "" {
+		r.JobId = f.JobID
+		if len(f.JobID) > maxJobIDBytes {
+			sum := sha256.Sum256([]byte(f.JobID))
+			r.JobId = hex.EncodeToString(sum[:])
+		}
+	}
+	r.ErrorClass = truncateUTF8(strings.ToValidUTF8(f.ErrorClass, "\uFFFD"), maxErrorClassBytes)
+	if !f.FirstFailure.IsZero() {
+		if ms := f.FirstFailure.UnixMilli(); ms >= 1e12 {
+			r.FirstFailureUnixMs = uint64(ms)
+		}
+	}
+	if f.RetryAfter > 0 {
+		r.RetryAfterMs = uint64((f.RetryAfter + time.Millisecond - 1) / time.Millisecond)
+	}
+	return r
+}
+
+// Decide asks the sidecar what to do after a failure; when it cannot answer (down,
+// too slow, no policy for the queue) the answer comes from the fallback. It never fails.
+func (c *Client) Decide(ctx context.Context, f Failure) Answer {
+	req := Normalise(f)
+	c.noteQueue(req.Queue)
+	cctx, cancel := context.WithTimeout(ctx, c.deadline)
+	res, err := c.rpc.Decide(cctx, req)
+	cancel()
+	var a Answer
+	if err != nil {
+		a = c.fallback(req, err)
+	} else {
+		a = Answer{
+			Decision:        res.GetDecision(),
+			Disposition:     res.GetDisposition(),
+			DeadLetterQueue: res.GetDeadLetterQueue(),
+			Reason:          res.GetReason(),
+			ReasonMessage:   res.GetReasonMessage(),
+			Policy:          res.GetPolicy(),
+			Source:          SourceSidecar,
+			PolicySource:    PolicySidecar,
+		}
+		if a.Retry() {
+			a.Delay = millis(res.GetDelayMs())
+		}
+		c.mu.Lock()
+		cached, ok := c.policies[req.Queue]
+		c.mu.Unlock()
+		if !ok || cached.ref.GetConfigHash() != a.Policy.GetConfigHash() {
+			c.refreshAsync(req.Queue)
+		}
+	}
+	c.count(a)
+	return a
+}
+
+func millis(ms uint64) time.Duration {
+	const maxMs = uint64(1<<63-1) / uint64(time.Millisecond)
+	return time.Duration(min(ms, maxMs)) * time.Millisecond
+}
+
+func causeOf(err error) string {
+	switch status.Code(err) {
+	case codes.Unavailable:
+		return "unavailable"
+	case codes.DeadlineExceeded:
+		return "deadline_exceeded"
+	case codes.NotFound:
+		return "not_found"
+	default:
+		return "other"
+	}
+}
+
+// fallback is the local answer: the cached policy, else the default.
+func (c *Client) fallback(req *pb.DecideRequest, err error) Answer {
+	cause := causeOf(err)
+	c.mu.Lock()
+	if cause == "not_found" {
+		delete(c.policies, req.Queue)
+	}
+	cached, ok := c.policies[req.Queue]
+	c.metrics.Fallback.Total++
+	switch cause {
+	case "unavailable":
+		c.metrics.Fallback.Unavailable++
+	case "deadline_exceeded":
+		c.metrics.Fallback.DeadlineExceeded++
+	case "not_found":
+		c.metrics.Fallback.NotFound++
+	default:
+		c.metrics.Fallback.Other++
+	}
+	if !ok {
+		c.metrics.Fallback.DefaultPolicy++
+	}
+	logKey := req.Queue + "\x00" + cause
+	shouldLog := time.Since(c.lastLog[logKey]) >= logEvery
+	if shouldLog {
+		c.lastLog[logKey] = time.Now()
+	}
+	c.mu.Unlock()
+
+	policy, identity, ref, src := c.def, DefaultIdentity, &pb.PolicyRef{}, PolicyDefault
+	if ok {
+		policy, identity, ref, src = cached.resolved, cached.identity, cached.ref, PolicyCached
+	}
+	if shouldLog {
+		c.logger.Warn("sidecar did not answer; decided locally", "event", "rebound.fallback",
+			"queue", req.Queue, "cause", cause, "code", status.Code(err).String(),
+			"policySource", string(src), "target", c.target)
+	}
+	res, derr := DecideLocal(policy, identity, uint64(req.Attempt), Context{
+		JobID:              req.JobId,
+		ErrorClass:         req.ErrorClass,
+		FirstFailureUnixMs: req.FirstFailureUnixMs,
+		NowUnixMs:          uint64(time.Now().UnixMilli()),
+		RetryAfterMs:       req.RetryAfterMs,
+	})
+	a := Answer{Policy: ref, Source: SourceFallback, PolicySource: src}
+	if derr != nil {
+		c.HookError(req.Queue, req.JobId, "fallback", derr)
+		a.Decision, a.Delay = pb.Decision_DECISION_RETRY, LastResortDelay
+		return a
+	}
+	a.Decision, a.Disposition, a.DeadLetterQueue = res.Decision, res.Disposition, res.DeadLetterQueue
+	a.Reason, a.ReasonMessage = res.Reason, res.ReasonMessage
+	if a.Retry() {
+		a.Delay = millis(res.DelayMs)
+	}
+	return a
+}
+
+func (c *Client) count(a Answer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := &c.metrics.Decisions
+	switch {
+	case a.Retry():
+		d.Retry++
+	case a.Reason == pb.GiveUpReason_GIVE_UP_REASON_MAX_ATTEMPTS:
+		d.GiveUpMaxAttempts++
+	case a.Reason == pb.GiveUpReason_GIVE_UP_REASON_DEADLINE:
+		d.GiveUpDeadline++
+	case a.Reason == pb.GiveUpReason_GIVE_UP_REASON_NON_RETRYABLE:
+		d.GiveUpNonRetryable++
+	}
+}
+
+// CountDisposition counts a give-up carried out by an adapter (dead-lettered or dropped).
+func (c *Client) CountDisposition(d pb.Disposition) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch d {
+	case pb.Disposition_DISPOSITION_DEAD_LETTER:
+		c.metrics.DeadLettered++
+	case pb.Disposition_DISPOSITION_DROP:
+		c.metrics.Dropped++
+	}
+}
+
+// HookError records a problem an adapter absorbed instead of failing the library's hook.
+func (c *Client) HookError(queue, jobID, where string, err error) {
+	c.mu.Lock()
+	c.metrics.HookErrors++
+	c.mu.Unlock()
+	c.logger.Error("hook problem absorbed", "event", "rebound.hook_error", "queue", queue,
+		"jobId", jobID, "where", where, "error", err.Error())
+}
+
+// Metrics returns a copy of the counters.
+func (c *Client) Metrics() Metrics {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.metrics
+}
+
+func (c *Client) noteQueue(queue string) {
+	c.mu.Lock()
+	seen := c.queues[queue]
+	c.queues[queue] = true
+	c.mu.Unlock()
+	if !seen {
+		c.refreshAsync(queue)
+	}
+}
+
+func (c *Client) refreshAsync(queue string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if _, busy := c.inflight[queue]; busy {
+		c.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	c.inflight[queue] = done
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		c.refresh(queue)
+		c.mu.Lock()
+		delete(c.inflight, queue)
+		c.mu.Unlock()
+		close(done)
+	}()
+}
+
+// refresh fetches a queue's policy with GetPolicy into the cache; a NOT_FOUND empties it.
+func (c *Client) refresh(queue string) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.deadline)
+	defer cancel()
+	res, err := c.rpc.GetPolicy(ctx, &pb.GetPolicyRequest{Queue: queue})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			delete(c.policies, queue)
+		}
+		return
+	}
+	ref := res.GetPolicy()
+	if old, ok := c.policies[queue]; ok && old.ref.GetConfigHash() == ref.GetConfigHash() && old.ref.GetName() == ref.GetName() {
+		return
+	}
+	c.policies[queue] = cachedPolicy{ref: ref, resolved: res.GetResolved(), identity: ref.GetNamespace() + "/" + ref.GetName()}
+	c.logger.Info("fallback policy cached", "event", "rebound.policy", "queue", queue,
+		"policy", ref.GetName(), "namespace", ref.GetNamespace(), "configHash", ref.GetConfigHash())
+}
+
+func (c *Client) refreshLoop(every time.Duration) {
+	defer c.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			c.mu.Lock()
+			qs := make([]string, 0, len(c.queues))
+			for q := range c.queues {
+				qs = append(qs, q)
+			}
+			c.mu.Unlock()
+			for _, q := range qs {
+				c.refreshAsync(q)
+			}
+		}
+	}
+}
+
+// Warm fetches a queue's policy now (the first time the queue is seen it is fetched in
+// the background anyway), so a fallback right after start has the queue's policy.
+func (c *Client) Warm(queue string) {
+	c.noteQueue(queue)
+	c.mu.Lock()
+	done := c.inflight[queue]
+	c.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// Policy is the cached policy of a queue (fetched first if not cached); nil if none.
+func (c *Client) Policy(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
+	c.mu.Lock()
+	c.queues[queue] = true
+	cached, ok := c.policies[queue]
+	c.mu.Unlock()
+	if !ok {
+		c.refreshAsync(queue)
+		c.Warm(queue)
+		c.mu.Lock()
+		cached, ok = c.policies[queue]
+		c.mu.Unlock()
+	}
+	if !ok {
+		return nil, nil
+	}
+	return cached.ref, cached.resolved
+}
+
+// Close stops the background refresh and closes the connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	close(c.stop)
+	c.wg.Wait()
+	return c.conn.Close()
+}

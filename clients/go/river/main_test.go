@@ -1,0 +1,271 @@
+package reboundriver_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+	"github.com/riverqueue/river/rivertype"
+
+	rebound "github.com/rebound-dev/rebound/clients/go"
+	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
+	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
+)
+
+// The stack every test shares: PostgreSQL from dev/postgres.sh with River's migrations,
+// and one sidecar compiling policies; tests that kill a sidecar start their own.
+var (
+	pool    *pgxpool.Pool
+	sidecar *devstack.Sidecar
+	runDir  string
+)
+
+const policies = `
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: gaps}
+spec:
+  queues: ["gaps"]
+  backoff: {strategy: exponential, base: 300ms, multiplier: 2, cap: 2s, jitter: {kind: equal}}
+  maxAttempts: 5
+  terminal: {action: deadLetter, deadLetterQueue: gaps-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: payments}
+spec:
+  queues: ["payments", "failover"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 4
+  nonRetryableErrors: ["CardDeclined", "card.*"]
+  terminal: {action: deadLetter, deadLetterQueue: payments-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: dropme}
+spec:
+  queues: ["dropme"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 2
+  terminal: {action: drop}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: deadline}
+spec:
+  queues: ["deadline"]
+  backoff: {strategy: constant, base: 400ms, jitter: {kind: none}}
+  maxAttempts: 100
+  maxRetryDuration: 1500ms
+  terminal: {action: deadLetter, deadLetterQueue: deadline-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: crash}
+spec:
+  queues: ["crash"]
+  backoff: {strategy: constant, base: 200ms, jitter: {kind: none}}
+  maxAttempts: 3
+  terminal: {action: deadLetter, deadLetterQueue: crash-dead}
+`
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashWorkerEnv) != "" {
+		os.Exit(runCrashWorker())
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	runDir = devstack.StateDir(fmt.Sprintf("river-%d", os.Getpid()))
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "setup:", err); return 1 }
+	pg, err := devstack.StartPostgres(filepath.Join(runDir, "pg"))
+	if err != nil {
+		return fail(err)
+	}
+	defer pg.Stop()
+	ctx := context.Background()
+	pool, err = pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fail(err)
+	}
+	sidecar, err = devstack.NewFileSidecar(filepath.Join(runDir, "sidecar"), "gotest", policies, "payments")
+	if err != nil {
+		return fail(err)
+	}
+	if err := sidecar.Start(); err != nil {
+		return fail(err)
+	}
+	defer sidecar.Kill()
+	code := m.Run()
+	// Stopped before the state dir goes (the deferred calls would run after it).
+	sidecar.Kill()
+	pool.Close()
+	if err := pg.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "teardown:", err)
+		code = 1
+	}
+	if code == 0 {
+		os.RemoveAll(runDir)
+	}
+	return code
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// FailArgs: a job that fails its first FailTimes runs (all of them when negative) with
+// an error of class Class, then succeeds.
+type FailArgs struct {
+	FailTimes int    `json:"fail_times"`
+	Class     string `json:"class"`
+}
+
+func (FailArgs) Kind() string { return "rebound_test_fail" }
+
+// PanicArgs: a job whose every run panics.
+type PanicArgs struct{}
+
+func (PanicArgs) Kind() string { return "rebound_test_panic" }
+
+type panicWorker struct {
+	river.WorkerDefaults[PanicArgs]
+}
+
+func (panicWorker) Work(context.Context, *river.Job[PanicArgs]) error { panic("worker bug") }
+
+type failWorker struct {
+	river.WorkerDefaults[FailArgs]
+}
+
+func (failWorker) Work(_ context.Context, job *river.Job[FailArgs]) error {
+	if job.Args.FailTimes < 0 || job.Attempt <= job.Args.FailTimes {
+		err := fmt.Errorf("run %d failed", job.Attempt)
+		if job.Args.Class != "" {
+			return reboundriver.WithClass(err, job.Args.Class)
+		}
+		return err
+	}
+	return nil
+}
+
+// newRebound is a rebound client for target (warmed for queues) closed at the end of the test.
+func newRebound(t *testing.T, target string, queues ...string) *rebound.Client {
+	t.Helper()
+	c, err := rebound.New(rebound.Options{Target: target, Deadline: 2 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	for _, q := range queues {
+		c.Warm(q)
+	}
+	return c
+}
+
+// startRiver runs a River client working queues with the adapter installed.
+func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Client[pgx5Tx] {
+	t.Helper()
+	workers := river.NewWorkers()
+	river.AddWorker(workers, failWorker{})
+	river.AddWorker(workers, &sleepWorker{})
+	river.AddWorker(workers, panicWorker{})
+	cfg := &river.Config{
+		Queues:               map[string]river.QueueConfig{},
+		Workers:              workers,
+		Logger:               quiet(),
+		FetchCooldown:        20 * time.Millisecond,
+		FetchPollInterval:    50 * time.Millisecond,
+		JobTimeout:           2 * time.Second,
+		RescueStuckJobsAfter: 3 * time.Second,
+	}
+	for _, q := range queues {
+		cfg.Queues[q] = river.QueueConfig{MaxWorkers: 4}
+	}
+	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
+	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.StopAndCancel(ctx)
+	})
+	return client
+}
+
+func insert(t *testing.T, c *river.Client[pgx5Tx], queue string, args river.JobArgs) int64 {
+	t.Helper()
+	res, err := c.Insert(context.Background(), args, &river.InsertOpts{Queue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Job.MaxAttempts != rebound.LibraryAttempts {
+		t.Fatalf("job inserted with max_attempts %d", res.Job.MaxAttempts)
+	}
+	return res.Job.ID
+}
+
+func finalised(s rivertype.JobState) bool {
+	return s == rivertype.JobStateCompleted || s == rivertype.JobStateCancelled || s == rivertype.JobStateDiscarded
+}
+
+// waitFinal polls the job until it is completed, cancelled or discarded.
+func waitFinal(t *testing.T, c *river.Client[pgx5Tx], id int64, within time.Duration) *rivertype.JobRow {
+	t.Helper()
+	end := time.Now().Add(within)
+	for {
+		job, err := c.JobGet(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if finalised(job.State) {
+			return job
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %d still %s at attempt %d after %s", id, job.State, job.Attempt, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func giveUpOf(t *testing.T, job *rivertype.JobRow) *reboundriver.GiveUp {
+	t.Helper()
+	var meta map[string]json.RawMessage
+	if err := json.Unmarshal(job.Metadata, &meta); err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := meta[reboundriver.MetadataKey]
+	if !ok {
+		return nil
+	}
+	var g reboundriver.GiveUp
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	return &g
+}
+
+type pgx5Tx = pgx.Tx

@@ -1,0 +1,215 @@
+package reboundriver_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river/rivertype"
+
+	rebound "github.com/rebound-dev/rebound/clients/go"
+	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
+	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
+)
+
+// deadLetters is the query the README documents: the dead letters of one queue.
+const deadLetters = `
+SELECT id FROM river_job
+WHERE state = 'cancelled'
+  AND metadata->'rebound'->>'disposition' = 'dead_letter'
+  AND metadata->'rebound'->>'dead_letter_queue' = $1
+ORDER BY id`
+
+// The gaps between runs are at least the delays the policy decided (equal jitter,
+// exponential), and the job gives up after exactly maxAttempts runs.
+func TestGapsBetweenAttemptsWithinBounds(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "gaps")
+	c := startRiver(t, rb, "gaps")
+	id := insert(t, c, "gaps", FailArgs{FailTimes: -1})
+	job := waitFinal(t, c, id, 60*time.Second)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 5 || len(job.Errors) != 5 {
+		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
+	}
+	ref, resolved := rb.Policy("gaps")
+	for i := 1; i < len(job.Errors); i++ {
+		res, err := rebound.DecideLocal(resolved, ref.GetNamespace()+"/"+ref.GetName(), uint64(i),
+			rebound.Context{JobID: jobID(id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := time.Duration(res.DelayMs) * time.Millisecond
+		// A policy of base 300ms doubling to 2s, equal jitter: within [c/2, c].
+		c := min(300*time.Millisecond<<(i-1), 2*time.Second)
+		if want < c/2 || want > c {
+			t.Fatalf("retry %d: decided %s, outside [%s, %s]", i, want, c/2, c)
+		}
+		gap := job.Errors[i].At.Sub(job.Errors[i-1].At)
+		if gap < want || gap > want+10*time.Second {
+			t.Errorf("gap before run %d: %s, decided delay %s", i+1, gap, want)
+		}
+	}
+	g := giveUpOf(t, job)
+	if g == nil || g.Reason != "max_attempts" || g.Disposition != reboundriver.DispositionDeadLetter || g.DeadLetterQueue != "gaps-dead" {
+		t.Fatalf("give-up %+v", g)
+	}
+}
+
+// maxAttempts runs exactly, then a dead letter recorded in the metadata, found by the
+// README's query, and replayed with JobRetry (it succeeds on that run).
+func TestExactMaxAttemptsDeadLetterFoundAndReplayed(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "payments")
+	c := startRiver(t, rb, "payments")
+	id := insert(t, c, "payments", FailArgs{FailTimes: 4})
+	job := waitFinal(t, c, id, 30*time.Second)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 4 || len(job.Errors) != 4 {
+		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
+	}
+	g := giveUpOf(t, job)
+	want := reboundriver.GiveUp{Disposition: "dead_letter", DeadLetterQueue: "payments-dead", Reason: "max_attempts",
+		Policy: "gotest/payments", Queue: "payments", Attempt: 4, Error: "run 4 failed", Source: "sidecar"}
+	if g == nil {
+		t.Fatal("no metadata.rebound")
+	}
+	got := *g
+	got.ReasonMessage, got.ConfigHash, got.At, got.ErrorClass = "", "", time.Time{}, ""
+	if got != want || g.ConfigHash == "" || g.ReasonMessage == "" {
+		t.Fatalf("give-up %+v, want %+v", *g, want)
+	}
+	if m := rb.Metrics(); m.DeadLettered != 1 || m.Decisions.GiveUpMaxAttempts != 1 || m.Decisions.Retry != 3 {
+		t.Fatalf("metrics %+v", m)
+	}
+
+	rows, err := pool.Query(context.Background(), deadLetters, "payments-dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []int64
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		found = append(found, n)
+	}
+	if rows.Err() != nil || !contains(found, id) {
+		t.Fatalf("dead letters of payments-dead: %v (err %v), want %d among them", found, rows.Err(), id)
+	}
+
+	if _, err := c.JobRetry(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	job = waitFinal(t, c, id, 30*time.Second)
+	if job.State != rivertype.JobStateCompleted || job.Attempt != 5 {
+		t.Fatalf("replayed: state %s attempt %d", job.State, job.Attempt)
+	}
+}
+
+// A policy whose terminal action is drop: cancelled after maxAttempts, recorded as drop.
+func TestDropAfterMaxAttempts(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "dropme")
+	c := startRiver(t, rb, "dropme")
+	id := insert(t, c, "dropme", FailArgs{FailTimes: -1})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 2 || g == nil ||
+		g.Disposition != reboundriver.DispositionDrop || g.DeadLetterQueue != "" || g.Reason != "max_attempts" {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+	if m := rb.Metrics(); m.Dropped != 1 {
+		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// A non-retryable error class gives up after the first run.
+func TestNonRetryableErrorClass(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "payments")
+	c := startRiver(t, rb, "payments")
+	id := insert(t, c, "payments", FailArgs{FailTimes: -1, Class: "card.expired"})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 || g == nil ||
+		g.Reason != "non_retryable" || g.ErrorClass != "card.expired" || g.DeadLetterQueue != "payments-dead" {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+}
+
+// maxRetryDuration counts from the first failure, taken from the job's recorded errors:
+// the policy gives up (reason deadline) once the next run would start past it, long
+// before maxAttempts.
+func TestGivesUpAtMaxRetryDuration(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "deadline")
+	c := startRiver(t, rb, "deadline")
+	id := insert(t, c, "deadline", FailArgs{FailTimes: -1})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || g == nil || g.Reason != "deadline" || job.Attempt < 2 || job.Attempt >= 100 {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+	// At the give-up, the next run (400ms later) would have started past 1500ms.
+	if elapsed := g.At.Sub(job.Errors[0].At); elapsed+400*time.Millisecond <= 1500*time.Millisecond {
+		t.Fatalf("gave up %s after the first failure", elapsed)
+	}
+}
+
+// A panicking run is decided like a failure (class "panic"): retried, then given up.
+func TestPanicIsDecidedLikeAFailure(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "dropme")
+	c := startRiver(t, rb, "dropme")
+	id := insert(t, c, "dropme", PanicArgs{})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 2 || g == nil || g.ErrorClass != "panic" ||
+		g.Error != "panic: worker bug" || g.Disposition != reboundriver.DispositionDrop {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+}
+
+// A job that fails twice then succeeds completes on its third run, with no give-up record.
+func TestRetriesUntilSuccess(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "payments")
+	c := startRiver(t, rb, "payments")
+	id := insert(t, c, "payments", FailArgs{FailTimes: 2})
+	job := waitFinal(t, c, id, 30*time.Second)
+	if job.State != rivertype.JobStateCompleted || job.Attempt != 3 || len(job.Errors) != 2 || giveUpOf(t, job) != nil {
+		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
+	}
+}
+
+// With its sidecar killed, the worker decides from the cached policy: still exactly
+// maxAttempts runs and a dead letter, answered by the fallback.
+func TestSidecarKilledFallback(t *testing.T) {
+	s, err := devstack.NewFileSidecar(filepath.Join(runDir, "failover-sidecar"), "gotest", policies, "failover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Kill)
+	rb := newRebound(t, s.Target, "failover")
+	if ref, _ := rb.Policy("failover"); ref.GetName() != "payments" {
+		t.Fatalf("cached policy %v", ref)
+	}
+	s.Kill()
+	c := startRiver(t, rb, "failover")
+	id := insert(t, c, "failover", FailArgs{FailTimes: -1})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 4 || g == nil || g.Source != "fallback" ||
+		g.Policy != "gotest/payments" || g.DeadLetterQueue != "payments-dead" || g.Reason != "max_attempts" {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+	if fb := rb.Metrics().Fallback; fb.Unavailable != 4 || fb.DefaultPolicy != 0 {
+		t.Fatalf("fallback %+v", fb)
+	}
+}
+
+func contains(xs []int64, x int64) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}

@@ -3,7 +3,8 @@
 # test tools, starts one kube-apiserver + etcd for the whole run, runs every workspace
 # test against it, then the Node package's unit and end-to-end tests and the
 # webhook-delivery example's test against the same cluster (each starts its own operator,
-# sidecar and Redis), the Python (Celery) adapter's tests, and stops the cluster again.
+# sidecar and Redis), the Python (Celery), Ruby (Sidekiq) and Go (River) adapters' tests,
+# the GitOps checks and the images, and stops the cluster again.
 #
 # Usage: dev/test.sh [extra cargo test arguments]
 set -euo pipefail
@@ -48,6 +49,12 @@ py_venv="$(clients/python/dev-env.sh | tail -n 1)"
 # against real sidekiq processes, Redis and a rebound-sidecar.
 rm -rf .state/rb-tests # logs of the previous run's workers and sidecars
 (cd clients/ruby && rake test)
+
+# Go (clients/go): the client and the River adapter on real River workers, PostgreSQL
+# (dev/postgres.sh) and rebound-sidecars, and the full stack on this cluster.
+cargo build --locked --quiet -p rebound-sidecar -p rebound-operator
+rm -rf .state/go-tests # logs of the previous run's sidecars, workers and PostgreSQL
+(cd clients/go && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 -timeout 15m ./...)
 
 # GitOps health (gitops/, a Go module; modules from the proxy): the Argo CD Lua check and
 # kstatus on RetryPolicies the real operator wrote, and the repository's kustomization.

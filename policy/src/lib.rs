@@ -27,7 +27,7 @@ pub use compiled::{
 pub use decide::{Context, Decision, GiveUpReason, Policy, decide};
 pub use duration::{KubeDuration, format_millis};
 pub use resolve::{Disposition, FieldError, ResolvedPolicy, resolve};
-pub use simulate::{Simulation, simulate};
+pub use simulate::{BudgetSimulation, Simulation, simulate, simulate_budget};
 pub use spec::{RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 
 /// The CustomResourceDefinition as YAML, exactly as committed under `crds/`.

@@ -346,3 +346,31 @@ fn without_a_deadline_the_horizon_is_the_longest_duration() {
         } if max_retry_duration_ms == limits::MAX_BOOK_AHEAD_MS
     ));
 }
+
+#[test]
+fn the_storm_simulation_is_deterministic_and_within_budget() {
+    use crate::{decide::Policy, simulate::simulate_budget};
+    let mut params = policy(Some(3_600_000));
+    params.strategy = Strategy::Exponential;
+    params.multiplier = 2.0;
+    params.cap_ms = 60_000;
+    params.jitter = JitterKind::Full;
+    params.max_attempts = 4;
+    params.retry_budget = Some(budget(10, 1));
+    let p = Policy::new("ns/storm", params.clone());
+    let a = simulate_budget(&p, 1_000, 42).expect("budgeted");
+    assert_eq!(Some(&a), simulate_budget(&p, 1_000, 42).as_ref());
+    assert_eq!(
+        a.retries + a.gave_up_deadline,
+        3_000,
+        "three retries per job"
+    );
+    assert!(a.stretched > 2_000, "{a:?}");
+    // 3,000 retries at 10/s cannot be done in under 300 s.
+    assert!(a.last_retry_at_ms >= 299_000, "{a:?}");
+    params.retry_budget = None;
+    assert_eq!(
+        simulate_budget(&Policy::new("ns/storm", params), 10, 1),
+        None
+    );
+}

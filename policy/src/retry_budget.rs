@@ -111,6 +111,21 @@ impl RetryBudget {
     }
 }
 
+/// `10/s, burst 1 (100ms slots)`: the rate, the burst and the slot they make.
+impl std::fmt::Display for RetryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/s, burst {} (", self.rate_per_second, self.burst)?;
+        let whole = 1000 * u64::from(self.burst);
+        let rate = u64::from(self.rate_per_second.max(1));
+        if whole.is_multiple_of(rate) {
+            f.write_str(&crate::duration::format_millis(whole / rate))?;
+        } else {
+            write!(f, "{:.2}ms", self.slot_ms())?;
+        }
+        f.write_str(" slots)")
+    }
+}
+
 /// Who asks: a repeated question for the same failure is recognised by these.
 #[derive(Clone, Copy, Debug)]
 pub struct Ask<'a> {

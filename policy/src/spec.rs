@@ -323,6 +323,10 @@ pub struct ScheduleSummary {
     /// The same, comma-separated, for the `kubectl get` column.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub queues: String,
+    /// The retry budget one sidecar enforces, e.g. `10/s, burst 1 (100ms slots)`; absent
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<String>,
 }
 
 /// Time from the first failure until the policy gives up, as duration strings.

@@ -207,14 +207,11 @@ impl Scheduler {
         if let Some(key) = key
             && let Some(answer) = self.memo.get(key)
         {
-            return Budgeted {
-                repeat: true,
-                ..answer.clone()
-            };
+            return answer.expand(policy);
         }
         let answer = self.book(policy, delay_ms, ask);
         if let Some(key) = key {
-            self.memo.insert(key, answer.clone());
+            self.memo.insert(key, Remembered::of(&answer));
         }
         answer
     }
@@ -388,11 +385,72 @@ impl Slots {
     }
 }
 
+/// An answer as the memo keeps it: numbers only (the disposition is the policy's), so an
+/// entry is a few words whatever the policy.
+#[derive(Clone, Copy, Debug)]
+enum Remembered {
+    Retry { delay_ms: u64, added_ms: u64 },
+    Deadline { limit_ms: u64, next_start_ms: u64 },
+}
+
+impl Remembered {
+    fn of(answer: &Budgeted) -> Self {
+        match &answer.decision {
+            Decision::Retry { delay_ms } => Self::Retry {
+                delay_ms: *delay_ms,
+                added_ms: answer.added_ms,
+            },
+            // `book` gives up only at the deadline; any other reason is kept as one too
+            // rather than as a retry.
+            Decision::GiveUp { reason, .. } => match reason {
+                GiveUpReason::Deadline {
+                    max_retry_duration_ms,
+                    next_start_after_ms,
+                } => Self::Deadline {
+                    limit_ms: *max_retry_duration_ms,
+                    next_start_ms: *next_start_after_ms,
+                },
+                _ => Self::Deadline {
+                    limit_ms: 0,
+                    next_start_ms: 0,
+                },
+            },
+        }
+    }
+
+    /// The identical answer again, marked as a repeat.
+    fn expand(self, policy: &ResolvedPolicy) -> Budgeted {
+        match self {
+            Self::Retry { delay_ms, added_ms } => Budgeted {
+                decision: Decision::Retry { delay_ms },
+                added_ms,
+                stretched: added_ms > 0,
+                repeat: true,
+            },
+            Self::Deadline {
+                limit_ms,
+                next_start_ms,
+            } => Budgeted {
+                decision: Decision::GiveUp {
+                    disposition: policy.terminal.clone(),
+                    reason: GiveUpReason::Deadline {
+                        max_retry_duration_ms: limit_ms,
+                        next_start_after_ms: next_start_ms,
+                    },
+                },
+                added_ms: 0,
+                stretched: true,
+                repeat: true,
+            },
+        }
+    }
+}
+
 /// Fixed-capacity answers by key, oldest evicted first.
 #[derive(Debug)]
 struct Memo {
     capacity: usize,
-    map: HashMap<u64, Budgeted>,
+    map: HashMap<u64, Remembered>,
     order: VecDeque<u64>,
 }
 
@@ -405,11 +463,11 @@ impl Memo {
         }
     }
 
-    fn get(&self, key: u64) -> Option<&Budgeted> {
-        self.map.get(&key)
+    fn get(&self, key: u64) -> Option<Remembered> {
+        self.map.get(&key).copied()
     }
 
-    fn insert(&mut self, key: u64, answer: Budgeted) {
+    fn insert(&mut self, key: u64, answer: Remembered) {
         if self.capacity == 0 {
             return;
         }

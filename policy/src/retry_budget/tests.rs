@@ -313,6 +313,18 @@ fn stretching_past_the_deadline_gives_up_with_deadline() {
         }
     );
     assert!(c.stretched);
+    let again = s.apply(
+        &p,
+        retry(1_000),
+        &Ask {
+            job_id: Some("c"),
+            ..a
+        },
+    );
+    assert_eq!(
+        (again.decision, again.stretched, again.repeat),
+        (c.decision, true, true)
+    );
     // The give-up took no slot: a retry that fits still gets 13 s.
     let d = s.apply(
         &p,

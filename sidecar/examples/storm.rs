@@ -198,11 +198,10 @@ async fn storm(
 }
 
 /// Where an answer's retry may have been scheduled, given that the sidecar read its clock
-/// between `sent_ms` and `received_ms`: candidate slots (one when the round trip leaves
-/// no doubt), and the time shown in the table.
+/// between `sent_ms` and `received_ms`: the candidate slots (one when the round trip
+/// leaves no doubt).
 struct Placed {
     slots: Vec<u64>,
-    shown_ms: u64,
 }
 
 fn place(a: &Answer, budget: RetryBudget) -> Placed {
@@ -212,12 +211,10 @@ fn place(a: &Answer, budget: RetryBudget) -> Placed {
         let slots: Vec<u64> = (budget.slot_of(lo)..=budget.slot_of(hi))
             .filter(|&k| (lo..=hi).contains(&budget.slot_start(k)))
             .collect();
-        let shown_ms = slots.first().map_or(lo, |&k| budget.slot_start(k));
-        Placed { slots, shown_ms }
+        Placed { slots }
     } else {
         Placed {
             slots: (budget.slot_of(lo)..=budget.slot_of(hi)).collect(),
-            shown_ms: lo,
         }
     }
 }
@@ -271,7 +268,17 @@ fn placement(placed: &[Placed], burst: u32) -> (BTreeMap<u64, u32>, usize) {
 
 fn report(plain: &[Answer], budgeted: &[Answer], budget: RetryBudget) {
     let without = per_second(plain, |a| a.sent_ms + a.delay_ms);
-    let with = per_second(budgeted, |a| place(a, budget).shown_ms);
+    let retries: Vec<&Answer> = budgeted.iter().filter(|a| a.retry).collect();
+    let placed: Vec<Placed> = retries.iter().map(|a| place(a, budget)).collect();
+    let (per_slot, homeless) = placement(&placed, budget.burst);
+    // The budgeted column counts each retry in the second of the slot it was placed in.
+    let first = budgeted.iter().map(|a| a.sent_ms).min().unwrap_or(0) / 1000;
+    let mut with: BTreeMap<u64, u64> = BTreeMap::new();
+    for (&k, &n) in &per_slot {
+        *with
+            .entry((budget.slot_start(k) / 1000).saturating_sub(first))
+            .or_default() += u64::from(n);
+    }
     let last = without
         .keys()
         .chain(with.keys())
@@ -301,16 +308,9 @@ fn report(plain: &[Answer], budgeted: &[Answer], budget: RetryBudget) {
         .collect();
     rtt.sort_unstable();
     let stretched = budgeted.iter().filter(|a| a.stretched).count();
-    let retries: Vec<&Answer> = budgeted.iter().filter(|a| a.retry).collect();
-    let placed: Vec<Placed> = retries.iter().map(|a| place(a, budget)).collect();
     let unsure = placed.iter().filter(|p| p.slots.len() != 1).count();
-    let (per_slot, homeless) = placement(&placed, budget.burst);
     let max_slot = per_slot.values().copied().max().unwrap_or(0);
-    let mut seconds: BTreeMap<u64, u64> = BTreeMap::new();
-    for (&k, &n) in &per_slot {
-        *seconds.entry(budget.slot_start(k) / 1000).or_default() += u64::from(n);
-    }
-    let max_second = seconds.values().copied().max().unwrap_or(0);
+    let max_second = with.values().copied().max().unwrap_or(0);
     println!();
     println!(
         "without budget: {} retries, peak {} in one second, last in second {}",

@@ -17,12 +17,15 @@
 //! runs is capped (past the cap, gaps are conservatively counted as full, which can only
 //! lower the rate), and the memo of answers is a fixed-capacity map evicting its oldest.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    hash::{BuildHasher, RandomState},
+};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    decide::{Decision, GiveUpReason, hash_bytes},
+    decide::{Decision, GiveUpReason},
     resolve::ResolvedPolicy,
 };
 
@@ -203,7 +206,9 @@ impl Scheduler {
                 repeat: false,
             };
         };
-        let key = ask.job_id.map(|job| memo_key(ask.queue, job, ask.attempt));
+        let key = ask
+            .job_id
+            .map(|job| self.memo.key(ask.queue, job, ask.attempt));
         if let Some(key) = key
             && let Some(answer) = self.memo.get(key)
         {
@@ -264,19 +269,6 @@ impl Scheduler {
     }
 }
 
-/// (queue, job id, attempt) as 64 bits; two distinct failures share a key with
-/// probability about 2⁻⁶⁴ per pair, and a memo holds at most 65,536 keys.
-fn memo_key(queue: &str, job_id: &str, attempt: u32) -> u64 {
-    let mut bytes = Vec::with_capacity(queue.len() + job_id.len() + 12);
-    bytes.extend_from_slice(&(queue.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(queue.as_bytes());
-    bytes.extend_from_slice(&attempt.to_le_bytes());
-    bytes.extend_from_slice(job_id.as_bytes());
-    // Mixed so nearby inputs spread over the whole word.
-    let h = hash_bytes(&bytes);
-    h ^ (h >> 29).wrapping_mul(0xbf58_476d_1ce4_e5b9)
-}
-
 /// A run of booked slots `[start, end)`: every slot full except the last, which holds
 /// `fill` (1..=burst) retries. Runs never overlap; a run whose last slot is full never
 /// touches the next run (they are merged), so the slot after it is free.
@@ -333,22 +325,22 @@ impl Slots {
         let prev = self.runs.range(..=slot).next_back().map(|(s, r)| (*s, *r));
         let start = match prev {
             // The partial last slot of a run.
-            Some((start, run)) if slot + 1 == run.end && run.fill < burst => {
+            Some((start, run)) if slot.saturating_add(1) == run.end && run.fill < burst => {
                 self.set(start, run.end, run.fill + 1);
                 start
             }
             // Right after a run whose last slot is full: the run grows.
             Some((start, run)) if slot == run.end && run.fill == burst => {
-                self.set(start, slot + 1, 1);
+                self.set(start, slot.saturating_add(1), 1);
                 start
             }
             _ if self.runs.len() < self.max_runs => {
-                self.set(slot, slot + 1, 1);
+                self.set(slot, slot.saturating_add(1), 1);
                 slot
             }
             // Out of runs: the gap up to `slot` is counted as full (conservative).
             Some((start, _)) => {
-                self.set(start, slot + 1, 1);
+                self.set(start, slot.saturating_add(1), 1);
                 start
             }
             // `slot` precedes every run: the first run now starts at `slot`, and the slots
@@ -450,6 +442,10 @@ impl Remembered {
 #[derive(Debug)]
 struct Memo {
     capacity: usize,
+    /// Keys are (queue, job id, attempt) hashed with per-process random keys (SipHash), so
+    /// clients cannot craft two failures that share one; two share a key with probability
+    /// about 2⁻⁶⁴ per pair.
+    keys: RandomState,
     map: HashMap<u64, Remembered>,
     order: VecDeque<u64>,
 }
@@ -458,9 +454,14 @@ impl Memo {
     fn new(capacity: usize) -> Self {
         Self {
             capacity,
+            keys: RandomState::new(),
             map: HashMap::new(),
             order: VecDeque::new(),
         }
+    }
+
+    fn key(&self, queue: &str, job_id: &str, attempt: u32) -> u64 {
+        self.keys.hash_one((queue, job_id, attempt))
     }
 
     fn get(&self, key: u64) -> Option<Remembered> {

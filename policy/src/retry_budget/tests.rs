@@ -386,3 +386,30 @@ fn the_storm_simulation_is_deterministic_and_within_budget() {
         None
     );
 }
+
+/// Like `decide`, the scheduler is total: an unchecked budget and extreme times and
+/// delays give answers, never a panic or an overflow.
+#[test]
+fn extreme_inputs_do_not_panic() {
+    let p = policy(None);
+    for b in [
+        budget(100_000, 1),
+        budget(1, 100_000),
+        budget(0, 0),
+        budget(u32::MAX, 1),
+    ] {
+        let mut s = Scheduler::new(b);
+        for (now, d) in [
+            (0, 0),
+            (u64::MAX, u64::MAX),
+            (u64::MAX - 1, 0),
+            (0, u64::MAX),
+            (5, 7),
+        ] {
+            for job in ["a", "b"] {
+                let _ = s.apply(&p, retry(d), &ask(job, now));
+            }
+        }
+        let _ = b.to_string();
+    }
+}

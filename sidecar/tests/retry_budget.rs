@@ -25,9 +25,16 @@ const BURST: u32 = 1;
 /// `storm` (budget 10/s, burst 1) and `plain` (the same curve, no budget). `plain_cap`
 /// changes the plain policy only; `rate` changes storm's budget.
 fn doc(rate: u32, plain_cap: &str) -> CompiledDocument {
+    doc_with(
+        &format!("  retryBudget: {{ratePerSecond: {rate}}}\n"),
+        plain_cap,
+    )
+}
+
+fn doc_with(budget: &str, plain_cap: &str) -> CompiledDocument {
     let yaml = format!(
         "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: storm}}\n\
-         spec:\n  queues: [storm]\n  backoff: {{base: 1s, cap: 2s}}\n  retryBudget: {{ratePerSecond: {rate}}}\n\
+         spec:\n  queues: [storm]\n  backoff: {{base: 1s, cap: 2s}}\n{budget}\
          ---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: plain}}\n\
          spec:\n  queues: [plain]\n  backoff: {{base: 1s, cap: {plain_cap}}}\n"
     );
@@ -88,11 +95,14 @@ async fn storm(
 }
 
 fn metric(store: &Store, name: &str) -> f64 {
+    series(store, name).unwrap_or(0.0)
+}
+
+fn series(store: &Store, name: &str) -> Option<f64> {
     sample(
         &store.render_metrics(),
         &format!("rebound_sidecar_{name}{{policy=\"ns/storm\"}}"),
     )
-    .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,5 +206,16 @@ async fn a_storm_never_overfills_a_slot_and_repeats_and_reloads_keep_answers() {
         (r.delay_ms, r.budget_stretched),
         (plain_delay(&table, req), false)
     );
+    assert!(metric(&store, "retry_budget_stretched_total") >= 200.0);
+
+    // Without its budget the policy answers as decide does, and its series are gone.
+    assert!(store.install(&doc_with("", "3s"), "test", Instant::now()));
+    let plain = storm(&client, std::iter::once("late".to_owned())).await;
+    let (req, r) = &plain[0];
+    assert_eq!(
+        (r.delay_ms, r.budget_stretched, r.budget_delay_ms),
+        (plain_delay(&table, req), false, 0)
+    );
+    assert_eq!(series(&store, "retry_budget_admitted_total"), None);
     server.stop().await;
 }

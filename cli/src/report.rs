@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use rebound_policy::{
-    ResolvedPolicy, Simulation, duration::format_approx, format_millis, spec::Strategy,
+    BudgetSimulation, ResolvedPolicy, Simulation, duration::format_approx, format_millis,
+    spec::Strategy,
 };
 use serde_json::{Value, json};
 
@@ -16,16 +17,20 @@ pub struct PolicyReport {
     pub queues: Vec<String>,
     pub params: ResolvedPolicy,
     pub simulation: Simulation,
+    /// The budget's storm: all simulated jobs failing at once (policies with a budget only).
+    pub budget: Option<BudgetSimulation>,
 }
 
 /// One policy's simulation as JSON, keys in the API's camelCase (see docs/cli.md): `name,
 /// namespace, queues, maxAttempts, samples, seed, retries[].{retry, minMs, p50Ms, p99Ms,
-/// maxMs, meanMs, jobs}, giveUpAfterMs.{p50, p99, max}, giveUpReasons, terminal, resolved`.
+/// maxMs, meanMs, jobs}, giveUpAfterMs.{p50, p99, max}, giveUpReasons, terminal, resolved`,
+/// and `retryBudget.{ratePerSecond, burst, slotMs, jobs, seed, retries, stretched,
+/// addedDelayMs.{p50, p99, max}, gaveUpDeadline, lastRetryAtMs}` for a budgeted policy.
 /// Fields may be added, never renamed.
 pub fn policy_json(r: &PolicyReport) -> Value {
     let s = &r.simulation;
     let camel = |v: serde_json::Result<Value>| output::camel_keys(v.unwrap_or_default());
-    json!({
+    let mut out = json!({
         "name": r.name,
         "namespace": r.namespace,
         "queues": r.queues,
@@ -37,7 +42,14 @@ pub fn policy_json(r: &PolicyReport) -> Value {
         "giveUpReasons": camel(serde_json::to_value(&s.give_up_reasons)),
         "terminal": s.terminal.to_string(),
         "resolved": r.params,
-    })
+    });
+    if let (Some(b), Some(map)) = (&r.budget, out.as_object_mut()) {
+        map.insert(
+            "retryBudget".to_owned(),
+            serde_json::to_value(b).unwrap_or_default(),
+        );
+    }
+    out
 }
 
 /// `{"policies": [...]}` of [`policy_json`].
@@ -116,7 +128,7 @@ pub fn table(reports: &[PolicyReport]) -> String {
         let g = s.give_up_after_ms;
         let _ = writeln!(
             out,
-            "  gives up after: p50 {}, p99 {}, max {} → {} ({} by max attempts, {} by deadline; {} jobs, seed {})\n",
+            "  gives up after: p50 {}, p99 {}, max {} → {} ({} by max attempts, {} by deadline; {} jobs, seed {})",
             format_approx(g.p50),
             format_approx(g.p99),
             format_approx(g.max),
@@ -126,6 +138,22 @@ pub fn table(reports: &[PolicyReport]) -> String {
             s.samples,
             s.seed
         );
+        if let (Some(b), Some(budget)) = (&r.budget, r.params.retry_budget) {
+            let _ = writeln!(
+                out,
+                "  retry budget {budget}: if all {} jobs failed at once, {} of {} retries stretched \
+                 (added p50 {}, p99 {}, max {}), {} gave up at the deadline, last retry at {}",
+                b.jobs,
+                b.stretched,
+                b.retries,
+                format_approx(b.added_delay_ms.p50),
+                format_approx(b.added_delay_ms.p99),
+                format_approx(b.added_delay_ms.max),
+                b.gave_up_deadline,
+                format_approx(b.last_retry_at_ms),
+            );
+        }
+        out.push('\n');
     }
     out
 }

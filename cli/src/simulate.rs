@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use rebound_policy::{Policy, RetryPolicy, resolve, simulate};
+use rebound_policy::{Policy, RetryPolicy, resolve, simulate, simulate_budget};
 
 use crate::{
     Findings, Format, Inputs,
@@ -22,6 +22,7 @@ pub fn policy_report(
     let (name, namespace, policy) = policy_of(p, namespace)?;
     Ok(report::PolicyReport {
         simulation: simulate(&policy, samples, seed, true),
+        budget: simulate_budget(&policy, samples, seed),
         name,
         namespace,
         queues: p.spec.queues.clone(),

@@ -499,6 +499,49 @@ fn simulate_json_keeps_its_contract() {
     assert_eq!(out.stdout, run().stdout, "same seed, same output");
 }
 
+/// A budgeted policy's `retryBudget` is the policy crate's storm simulation with the same
+/// jobs and seed; a policy without a budget has no such key.
+#[test]
+fn simulate_reports_the_retry_budget_storm() {
+    let file = "cli/tests/fixtures/retry-budget.yaml";
+    let out = rebound(&[
+        "simulate",
+        "-f",
+        file,
+        "--samples",
+        "500",
+        "--seed",
+        "9",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let report = json(&out);
+    let (object, _) = documents(file).remove(0).result.expect("valid");
+    let policy = rebound_policy::Policy::new(
+        "shop/webhooks",
+        rebound_policy::resolve(&object.spec).expect("valid"),
+    );
+    let expected = rebound_policy::simulate_budget(&policy, 500, 9).expect("budgeted");
+    assert_eq!(
+        report["policies"][0]["retryBudget"],
+        serde_json::to_value(&expected).expect("JSON")
+    );
+    assert_eq!(expected.retries + expected.gave_up_deadline, 2_000);
+    assert_eq!(report["policies"][0]["resolved"]["retryBudget"]["burst"], 5);
+
+    let plain = json(&rebound(&[
+        "simulate",
+        "-f",
+        EXAMPLES[2],
+        "--samples",
+        "100",
+        "-o",
+        "json",
+    ]));
+    assert!(plain["policies"][0].get("retryBudget").is_none());
+}
+
 /// `schedule: [1m, 5m, 30m]` without a jitter retries at exactly 1m, 5m and 30m.
 #[test]
 fn simulate_keeps_a_schedule_without_jitter_exact() {

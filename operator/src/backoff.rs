@@ -36,6 +36,7 @@ fn exponential(identity: &str, cap_ms: u64) -> Policy {
             max_retry_duration_ms: None,
             non_retryable_errors: Vec::new(),
             terminal: Disposition::Drop,
+            retry_budget: None,
         },
     )
 }

@@ -40,6 +40,7 @@ pub fn summarize(identity: &str, params: &ResolvedPolicy) -> ScheduleSummary {
         terminal: params.terminal.to_string(),
         serving_queues: Vec::new(),
         queues: String::new(),
+        retry_budget: params.retry_budget.map(|b| b.to_string()),
     }
 }
 
@@ -61,6 +62,26 @@ mod tests {
         assert_eq!(a.max_attempts, 6);
         assert_eq!(a.cap, "10m");
         assert_eq!(a.terminal, "drop");
+        assert_eq!(a.retry_budget, None);
+    }
+
+    #[test]
+    fn names_the_retry_budget() {
+        let with = |budget: serde_json::Value| {
+            summarize(
+                "ns/a",
+                &params(serde_json::json!({"queues": ["a"], "retryBudget": budget})),
+            )
+            .retry_budget
+        };
+        assert_eq!(
+            with(serde_json::json!({"ratePerSecond": 10})).as_deref(),
+            Some("10/s, burst 1 (100ms slots)")
+        );
+        assert_eq!(
+            with(serde_json::json!({"ratePerSecond": 3, "burst": 2})).as_deref(),
+            Some("3/s, burst 2 (666.67ms slots)")
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ fn policy(strategy: Strategy, jitter: JitterKind) -> Policy {
             max_retry_duration_ms: Some(86_400_000),
             non_retryable_errors: vec!["InvalidEndpoint".into()],
             terminal: Disposition::Drop,
+            retry_budget: None,
         },
     )
 }

@@ -3,7 +3,8 @@
 //! The one source of truth for retry decisions: the `RetryPolicy` API types ([`spec`]),
 //! their validation and defaults ([`resolve`]), the decision function ([`decide()`]), the
 //! compiled per-namespace document ([`compiled`]), schedule statistics ([`simulate()`]) and
-//! the contention model of many clients retrying against one resource ([`contention`]).
+//! the contention model of many clients retrying against one resource ([`contention`]) and
+//! the retry-budget scheduler that spaces a policy's retries out ([`retry_budget`]).
 //! Pure: no I/O, no async runtime, no Kubernetes client. The operator, the sidecar and the
 //! CLI only move data in and out of this crate.
 
@@ -14,6 +15,7 @@ pub mod duration;
 pub mod manifest;
 pub mod pattern;
 pub mod resolve;
+pub mod retry_budget;
 pub mod simulate;
 pub mod spec;
 pub mod vectors;
@@ -25,7 +27,7 @@ pub use compiled::{
 pub use decide::{Context, Decision, GiveUpReason, Policy, decide};
 pub use duration::{KubeDuration, format_millis};
 pub use resolve::{Disposition, FieldError, ResolvedPolicy, resolve};
-pub use simulate::{Simulation, simulate};
+pub use simulate::{BudgetSimulation, Simulation, simulate, simulate_budget};
 pub use spec::{RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 
 /// The CustomResourceDefinition as YAML, exactly as committed under `crds/`.

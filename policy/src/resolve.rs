@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     duration::{KubeDuration, format_millis},
     pattern::{check_name, check_pattern},
+    retry_budget::RetryBudget,
     spec::{
         Backoff, JitterKind, RetryPolicySpec, Strategy, TerminalAction,
         limits::{MAX_ATTEMPTS, MAX_ERROR_CLASSES, MAX_MULTIPLIER, MAX_QUEUES, MAX_SCHEDULE},
@@ -87,6 +88,10 @@ pub struct ResolvedPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub non_retryable_errors: Vec<String>,
     pub terminal: Disposition,
+    /// Applied by the sidecar after `decide`, never by `decide` itself; absent when the
+    /// policy has none, so documents and hashes of policies without one are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudget>,
 }
 
 impl ResolvedPolicy {
@@ -153,6 +158,14 @@ impl ResolvedPolicy {
         {
             return fail("terminal.deadLetterQueue", "must be a valid queue name");
         }
+        if let Some(budget) = &self.retry_budget
+            && let Err((field, message)) = budget.check()
+        {
+            return Err(FieldError {
+                field: format!("retryBudget.{field}"),
+                message,
+            });
+        }
         Ok(())
     }
 }
@@ -211,6 +224,22 @@ pub fn resolve(spec: &RetryPolicySpec) -> Result<ResolvedPolicy, Vec<FieldError>
         }
     };
 
+    let retry_budget = spec.retry_budget.as_ref().and_then(|b| {
+        let budget = RetryBudget {
+            rate_per_second: b.rate_per_second,
+            burst: b
+                .burst
+                .unwrap_or(crate::retry_budget::limits::DEFAULT_BURST),
+        };
+        match budget.check() {
+            Ok(()) => Some(budget),
+            Err((field, message)) => {
+                errors.push(&format!("spec.retryBudget.{field}"), message);
+                None
+            }
+        }
+    });
+
     let backoff = resolve_backoff(
         &mut errors,
         spec.backoff.as_ref().unwrap_or(&Backoff::default()),
@@ -229,6 +258,7 @@ pub fn resolve(spec: &RetryPolicySpec) -> Result<ResolvedPolicy, Vec<FieldError>
             max_retry_duration_ms,
             non_retryable_errors: spec.non_retryable_errors.clone(),
             terminal,
+            retry_budget,
         }),
         _ => Err(errors.0),
     }

@@ -145,3 +145,105 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
     let rank = (q * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
+
+/// What a policy's retry budget does to a storm: `jobs` jobs failing at the same instant,
+/// every run failing again, all asking one sidecar.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSimulation {
+    pub rate_per_second: u32,
+    pub burst: u32,
+    /// Slot length, `1000 × burst / ratePerSecond`.
+    pub slot_ms: f64,
+    pub jobs: u32,
+    pub seed: u64,
+    /// Retries the budget admitted (each in a slot).
+    pub retries: u64,
+    /// Of those, how many it moved to a later slot.
+    pub stretched: u64,
+    /// Delay added to the stretched retries.
+    pub added_delay_ms: Spread,
+    /// Retries given up because the next free slot lay past the deadline.
+    pub gave_up_deadline: u64,
+    /// When the last retry runs, from the storm's start.
+    pub last_retry_at_ms: u64,
+}
+
+/// Runs the storm through [`crate::retry_budget::Scheduler`] in time order (each job's next
+/// failure is asked when its retry runs), with each job's draws derived from `seed` as in
+/// [`simulate`]. `None` when the policy has no budget. At most [`MAX_DECISIONS`] decisions:
+/// `jobs` is reduced to fit.
+pub fn simulate_budget(policy: &Policy, jobs: u32, seed: u64) -> Option<BudgetSimulation> {
+    use std::{cmp::Reverse, collections::BinaryHeap};
+
+    use crate::retry_budget::{Ask, Scheduler};
+
+    let params = policy.params();
+    let budget = params.retry_budget?;
+    let retries_per_job = params.max_attempts.saturating_sub(1) as usize;
+    let fit = MAX_DECISIONS / retries_per_job.max(1);
+    let jobs = jobs.clamp(1, u32::try_from(fit).unwrap_or(u32::MAX));
+    let draws: Vec<Draws> = (0..jobs)
+        .map(|j| {
+            Draws::from_seed(mix64(
+                seed ^ u64::from(j).wrapping_mul(0xA24B_AED4_963E_E407),
+            ))
+        })
+        .collect();
+    let mut replays: Vec<Replay> = (0..jobs).map(|_| Replay::default()).collect();
+    let mut scheduler = Scheduler::new(budget);
+    // (time the failed run happened, job, attempt that failed), earliest first; the job
+    // number breaks ties so the order is a function of the seed alone.
+    let mut failures: BinaryHeap<Reverse<(u64, u32, u32)>> =
+        (0..jobs).map(|j| Reverse((0, j, 1))).collect();
+    let (mut retries, mut stretched, mut gave_up_deadline, mut last) = (0u64, 0u64, 0u64, 0u64);
+    let mut added = Vec::new();
+    while let Some(Reverse((now, job, attempt))) = failures.pop() {
+        let j = job as usize;
+        let ctx = Context {
+            first_failure_ms: Some(0),
+            now_ms: Some(now),
+            ..Context::default()
+        };
+        let decision = decide_with(policy, attempt, &ctx, &draws[j], &mut replays[j]);
+        let ask = Ask {
+            queue: "",
+            job_id: None,
+            attempt,
+            now_ms: now,
+            first_failure_ms: Some(0),
+        };
+        let answer = scheduler.apply(params, decision, &ask);
+        match answer.decision {
+            Decision::Retry { delay_ms } => {
+                retries += 1;
+                if answer.stretched {
+                    stretched += 1;
+                    added.push(answer.added_ms);
+                }
+                let at = now.saturating_add(delay_ms);
+                last = last.max(at);
+                failures.push(Reverse((at, job, attempt + 1)));
+            }
+            Decision::GiveUp { .. } if answer.stretched => gave_up_deadline += 1,
+            Decision::GiveUp { .. } => {}
+        }
+    }
+    added.sort_unstable();
+    Some(BudgetSimulation {
+        rate_per_second: budget.rate_per_second,
+        burst: budget.burst,
+        slot_ms: budget.slot_ms(),
+        jobs,
+        seed,
+        retries,
+        stretched,
+        added_delay_ms: Spread {
+            p50: quantile(&added, 0.50),
+            p99: quantile(&added, 0.99),
+            max: added.last().copied().unwrap_or(0),
+        },
+        gave_up_deadline,
+        last_retry_at_ms: last,
+    })
+}

@@ -123,6 +123,31 @@ pub struct RetryPolicySpec {
     /// state).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<Terminal>,
+
+    /// Bounds how fast one sidecar schedules this policy's retries: at most `burst` per
+    /// slot of `1000 × burst / ratePerSecond` ms, counted at the time each retry is
+    /// scheduled to run. A retry over budget is not dropped: its delay is stretched to the
+    /// next slot with room. Default: no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudgetSpec>,
+}
+
+/// A retry budget as users write it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = crate::spec::rules::BUDGET_SLOT_AT_LEAST_1MS.to_rule(),
+    validation = crate::spec::rules::BUDGET_SLOT_AT_MOST_60S.to_rule()
+)]
+pub struct RetryBudgetSpec {
+    /// Retries per second this policy's queues may schedule from one sidecar, 1 to 100000.
+    #[schemars(range(min = 1, max = crate::retry_budget::limits::MAX_RATE_PER_SECOND), with = "i32")]
+    pub rate_per_second: u32,
+    /// Retries one slot admits, 1 to 100000; a slot lasts `1000 × burst / ratePerSecond`
+    /// ms, between 1 ms and 60 s. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::retry_budget::limits::MAX_BURST), with = "Option<i32>")]
+    pub burst: Option<u32>,
 }
 
 /// The delay curve.
@@ -298,6 +323,10 @@ pub struct ScheduleSummary {
     /// The same, comma-separated, for the `kubectl get` column.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub queues: String,
+    /// The retry budget one sidecar enforces, e.g. `10/s, burst 1 (100ms slots)`; absent
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<String>,
 }
 
 /// Time from the first failure until the policy gives up, as duration strings.
@@ -372,6 +401,16 @@ pub mod rules {
         field: ".deadLetterQueue",
         cel: "self.action != 'deadLetter' || has(self.deadLetterQueue)",
         message: "deadLetterQueue is required when action is deadLetter",
+    };
+    pub const BUDGET_SLOT_AT_LEAST_1MS: CrossFieldRule = CrossFieldRule {
+        field: ".burst",
+        cel: "(has(self.burst) ? self.burst : 1) * 1000 >= self.ratePerSecond",
+        message: "burst must be at least ratePerSecond / 1000 (a slot of 1000 × burst / ratePerSecond ms lasts at least 1ms)",
+    };
+    pub const BUDGET_SLOT_AT_MOST_60S: CrossFieldRule = CrossFieldRule {
+        field: ".burst",
+        cel: "!has(self.burst) || self.burst <= 60 * self.ratePerSecond",
+        message: "burst must be at most 60 × ratePerSecond (a slot of 1000 × burst / ratePerSecond ms lasts at most 60s)",
     };
     pub const QUEUE_ONLY_FOR_DEAD_LETTER: CrossFieldRule = CrossFieldRule {
         field: ".deadLetterQueue",

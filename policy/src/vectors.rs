@@ -250,6 +250,7 @@ impl WirePolicy {
                 .then_some(self.max_retry_duration_ms),
             non_retryable_errors: self.non_retryable_errors.clone(),
             terminal,
+            retry_budget: None,
         };
         resolved.check()?;
         Ok(resolved)
@@ -415,6 +416,7 @@ fn params(
         max_retry_duration_ms,
         non_retryable_errors: ERROR_PATTERNS.iter().map(|p| (*p).to_owned()).collect(),
         terminal,
+        retry_budget: None,
     }
 }
 

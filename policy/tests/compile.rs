@@ -226,6 +226,7 @@ fn schedule_and_constant_default_to_no_jitter() {
             max_retry_duration: None,
             non_retryable_errors: vec![],
             terminal: None,
+            retry_budget: None,
         };
         resolve(&spec).expect("valid").jitter
     };
@@ -258,6 +259,7 @@ fn equivalent_patterns_conflict() {
             max_retry_duration: None,
             non_retryable_errors: vec![],
             terminal: None,
+            retry_budget: None,
         },
     };
     let compilation = compile(
@@ -282,4 +284,55 @@ fn equivalent_patterns_conflict() {
     spec.queues = vec!["a*".into(), "a**".into()];
     let errors = rebound_policy::resolve(&spec).expect_err("duplicate");
     assert_eq!(errors[0].field, "spec.queues[1]");
+}
+
+/// A retry budget travels in the compiled document as `retryBudget` with its default
+/// burst applied; a policy without one writes exactly what it wrote before (no key), and a
+/// document with an out-of-range budget is refused naming the field.
+#[test]
+fn retry_budgets_are_compiled_and_checked_on_read() {
+    use rebound_policy::retry_budget::RetryBudget;
+    let yaml = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: b}\nspec: {queues: [q], retryBudget: {ratePerSecond: 10}}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: plain}\nspec: {queues: [p]}\n";
+    let sources: Vec<PolicySource> = parse_manifests(yaml)
+        .expect("YAML")
+        .into_iter()
+        .map(|d| PolicySource::from_object(&d.result.expect("valid").0, "ns"))
+        .collect();
+    let doc = compile("ns", sources).document;
+    let json = doc.to_json();
+    let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(
+        value["policies"][0]["params"]["retryBudget"],
+        serde_json::json!({"ratePerSecond": 10, "burst": 1})
+    );
+    assert!(value["policies"][1]["params"].get("retryBudget").is_none());
+    let read = CompiledDocument::from_json(json.as_bytes()).expect("reads back");
+    assert_eq!(
+        read.policies[0].params.retry_budget,
+        Some(RetryBudget {
+            rate_per_second: 10,
+            burst: 1
+        })
+    );
+
+    let bad = json.replace(r#""burst":1"#, r#""burst":0"#);
+    let mut bad_value: serde_json::Value = serde_json::from_str(&bad).expect("JSON");
+    let policies = bad_value["policies"].to_string();
+    let hash = {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(policies.as_bytes());
+        format!(
+            "sha256:{}",
+            digest
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )
+    };
+    bad_value["hash"] = serde_json::Value::String(hash);
+    let err = CompiledDocument::from_json(bad_value.to_string().as_bytes()).unwrap_err();
+    match err {
+        DocumentError::Policy { error, .. } => assert_eq!(error.field, "retryBudget.burst"),
+        other => panic!("expected a policy error, got {other}"),
+    }
 }

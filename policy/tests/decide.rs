@@ -41,6 +41,7 @@ fn policy(
         max_retry_duration_ms: None,
         non_retryable_errors: vec![],
         terminal: Disposition::Drop,
+        retry_budget: None,
     }
 }
 

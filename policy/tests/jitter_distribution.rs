@@ -27,6 +27,7 @@ fn policy(jitter: JitterKind, ratio: f64) -> Policy {
             max_retry_duration_ms: None,
             non_retryable_errors: vec![],
             terminal: Disposition::Drop,
+            retry_budget: None,
         },
     )
 }

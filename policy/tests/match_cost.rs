@@ -20,6 +20,7 @@ fn params(non_retryable_errors: Vec<String>) -> ResolvedPolicy {
         max_retry_duration_ms: None,
         non_retryable_errors,
         terminal: Disposition::Drop,
+        retry_budget: None,
     }
 }
 

@@ -278,6 +278,7 @@ fn oversized_lists_are_refused_before_any_per_item_work() {
         max_retry_duration: None,
         non_retryable_errors: vec!["dup".to_owned(); 80_000],
         terminal: None,
+        retry_budget: None,
     };
     let errors = resolve(&spec).expect_err("invalid");
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
@@ -303,6 +304,7 @@ fn duplicates_are_reported_per_entry() {
         max_retry_duration: None,
         non_retryable_errors: vec![],
         terminal: None,
+        retry_budget: None,
     };
     let errors = resolve(&spec).expect_err("duplicates");
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();

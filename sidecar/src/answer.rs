@@ -1,16 +1,21 @@
 //! Request handling without I/O: check a request, look the queue up, call
 //! `rebound_policy::decide`, and translate the answer to the wire types. The tonic service
 //! and the fuzz target both go through here, so whatever a client sends is handled by this
-//! one piece of code.
+//! one piece of code. A policy's retry budget is applied here, after `decide`, to its
+//! RETRY answers.
 
 use rebound_policy::{
     CompiledDocument, Context, Decision, Disposition, GiveUpReason, PolicyTable, ResolvedPolicy,
     compiled::TableEntry,
     decide,
+    retry_budget::Ask,
     spec::{JitterKind, Strategy},
 };
 
-use crate::pb::{EncodedBound, count_field, server as wire, v1 as pb};
+use crate::{
+    pb::{EncodedBound, count_field, server as wire, v1 as pb},
+    retry_budgets::Budgets,
+};
 
 /// What answering needs from a configuration: the queue table and the names answers
 /// report. Where it came from and when it was loaded is `config`'s business.
@@ -20,14 +25,22 @@ pub struct Snapshot {
     pub namespace: String,
     /// The document's content hash, `sha256:<hex>`.
     pub hash: String,
+    /// Retry-budget schedulers of the budgeted policies.
+    pub budgets: Budgets,
 }
 
 impl Snapshot {
+    /// With fresh schedulers whose metrics are registered nowhere.
     pub fn new(doc: &CompiledDocument) -> Self {
+        Self::with_budgets(doc, Budgets::detached(doc))
+    }
+
+    pub fn with_budgets(doc: &CompiledDocument, budgets: Budgets) -> Self {
         Self {
             table: PolicyTable::new(doc),
             namespace: doc.namespace.clone(),
             hash: doc.hash.clone(),
+            budgets,
         }
     }
 }
@@ -273,7 +286,26 @@ pub fn decide_one(
     let q = check_request(req, now_ms)?;
     let entry = lookup(cfg, q.queue)?;
     let decision = decide(&entry.policy, q.attempt, &context(&q, now_ms));
-    Ok(to_response(decision, policy_ref(cfg, entry)))
+    let params = entry.policy.params();
+    let budgeted = match (params.retry_budget, &decision) {
+        (Some(_), Decision::Retry { .. }) => cfg.budgets.get(entry.policy.identity()),
+        _ => None,
+    };
+    let Some(budget) = budgeted else {
+        return Ok(to_response(decision, policy_ref(cfg, entry)));
+    };
+    let ask = Ask {
+        queue: q.queue,
+        job_id: q.job_id,
+        attempt: q.attempt,
+        now_ms,
+        first_failure_ms: q.first_failure_ms,
+    };
+    let answer = budget.apply(params, decision, &ask);
+    let (mut response, outcome) = to_response(answer.decision, policy_ref(cfg, entry));
+    response.budget_stretched = answer.stretched;
+    response.budget_delay_ms = answer.added_ms;
+    Ok((response, outcome))
 }
 
 /// Translates a decision to the wire.
@@ -313,6 +345,7 @@ pub fn to_response(decision: Decision, policy: pb::PolicyRef) -> (pb::DecideResp
                     reason: reason_code.into(),
                     reason_message: reason.to_string(),
                     policy: Some(policy),
+                    ..Default::default()
                 },
                 outcome,
             )
@@ -427,6 +460,7 @@ mod tests {
             max_retry_duration: None,
             non_retryable_errors: vec!["Fatal*".to_owned()],
             terminal: None,
+            retry_budget: None,
         };
         let params = resolve(&spec).expect("valid spec");
         let doc = CompiledDocument::new(

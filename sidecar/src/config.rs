@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use crate::{
     answer::Snapshot,
     metrics::{ConfigState, ConfigView, Metrics},
+    retry_budgets::Budgets,
 };
 
 /// Largest configuration file read. A ConfigMap holds at most 1 MiB; the margin lets a
@@ -45,9 +46,9 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn new(doc: &CompiledDocument, origin: String, sequence: u64) -> Self {
+    pub fn new(doc: &CompiledDocument, origin: String, sequence: u64, budgets: Budgets) -> Self {
         Self {
-            snapshot: Snapshot::new(doc),
+            snapshot: Snapshot::with_budgets(doc, budgets),
             policies: doc.policies.len(),
             origin,
             sequence,
@@ -303,7 +304,13 @@ impl Store {
             return false;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        let loaded = Arc::new(Loaded::new(doc, origin.to_owned(), sequence));
+        // Budgets carry over from the configuration being replaced.
+        let budgets = Budgets::build(
+            doc,
+            self.current.load().as_deref().map(|c| &c.snapshot.budgets),
+            &self.metrics,
+        );
+        let loaded = Arc::new(Loaded::new(doc, origin.to_owned(), sequence, budgets));
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();
         self.metrics.reloaded(took);

@@ -7,6 +7,7 @@
 //! - [`budget`] bounds the request bytes all of a server's calls hold at once;
 //! - [`service`] is the thin tonic adapter around [`answer`];
 //! - [`answer`] turns requests into `decide` calls and answers: pure, fuzzed, no I/O;
+//! - [`retry_budgets`] holds each budgeted policy's retry-budget scheduler across reloads;
 //! - [`config`] holds the current configuration and swaps it atomically;
 //! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones;
 //! - [`client`] opens channels to a sidecar over TCP or its Unix socket;
@@ -19,6 +20,7 @@ pub mod client;
 pub mod config;
 pub mod metrics;
 pub mod pb;
+pub mod retry_budgets;
 pub mod server;
 pub mod service;
 pub mod source;

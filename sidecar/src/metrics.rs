@@ -105,6 +105,7 @@ pub struct Metrics {
     generation: Gauge,
     policies: Gauge,
     loaded_at: Gauge<f64, AtomicU64>,
+    budget: BudgetFamilies,
     /// One scrape at a time: each resets the configuration gauges before encoding.
     scrape: Mutex<()>,
 }
@@ -213,7 +214,9 @@ impl Metrics {
             "When the loaded configuration was installed, in Unix seconds",
             loaded_at.clone(),
         );
+        let budget = BudgetFamilies::register(&mut registry);
         Self {
+            budget,
             retry: outcome("retry"),
             give_up_max_attempts: outcome("give_up_max_attempts"),
             give_up_deadline: outcome("give_up_deadline"),
@@ -235,6 +238,32 @@ impl Metrics {
             loaded_at,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// The handles of one budgeted policy's series, created once per configuration so the
+    /// request path only adds to atomics.
+    pub fn budget_series(&self, identity: &str) -> BudgetSeries {
+        let labels = policy_label(identity);
+        let f = &self.budget;
+        BudgetSeries {
+            admitted: f.admitted.get_or_create(&labels).clone(),
+            stretched: f.stretched.get_or_create(&labels).clone(),
+            deadline: f.deadline.get_or_create(&labels).clone(),
+            repeats: f.repeats.get_or_create(&labels).clone(),
+            added_delay: f.added_delay.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// Drops a policy's budget series (its budget or the policy was removed), so series
+    /// stay bounded by the policies loaded.
+    pub fn remove_budget_series(&self, identity: &str) {
+        let labels = policy_label(identity);
+        let f = &self.budget;
+        f.admitted.remove(&labels);
+        f.stretched.remove(&labels);
+        f.deadline.remove(&labels);
+        f.repeats.remove(&labels);
+        f.added_delay.remove(&labels);
     }
 
     pub fn count(&self, outcome: Outcome) {
@@ -327,6 +356,71 @@ impl Metrics {
         }
         out
     }
+}
+
+fn policy_label(identity: &str) -> Labels {
+    vec![("policy", LabelText(identity.to_owned()))]
+}
+
+/// Per-policy retry-budget series, labelled `policy="namespace/name"`.
+struct BudgetFamilies {
+    admitted: Family<Labels, Counter>,
+    stretched: Family<Labels, Counter>,
+    deadline: Family<Labels, Counter>,
+    repeats: Family<Labels, Counter>,
+    added_delay: Family<Labels, Histogram>,
+}
+
+impl BudgetFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let f = Self {
+            admitted: Family::default(),
+            stretched: Family::default(),
+            deadline: Family::default(),
+            repeats: Family::default(),
+            // 10 ms to about 12 h: a stretch is at least part of a slot (1 ms to 60 s) and
+            // grows with the backlog.
+            added_delay: Family::new_with_constructor(
+                (|| Histogram::new(exponential_buckets(0.01, 4.0, 12))) as fn() -> Histogram,
+            ),
+        };
+        registry.register(
+            "retry_budget_admitted",
+            "Retries booked into a retry-budget slot, by policy (repeated questions excluded)",
+            f.admitted.clone(),
+        );
+        registry.register(
+            "retry_budget_stretched",
+            "Admitted retries whose delay the budget stretched to a later slot, by policy",
+            f.stretched.clone(),
+        );
+        registry.register(
+            "retry_budget_deadline",
+            "Retries given up (DEADLINE) because the budget's next free slot lay past the deadline, by policy",
+            f.deadline.clone(),
+        );
+        registry.register(
+            "retry_budget_repeats",
+            "Repeated questions answered from the budget's memo without taking a slot, by policy",
+            f.repeats.clone(),
+        );
+        registry.register(
+            "retry_budget_added_delay_seconds",
+            "Delay the budget added to stretched retries, by policy",
+            f.added_delay.clone(),
+        );
+        f
+    }
+}
+
+/// One policy's handles into [`BudgetFamilies`].
+#[derive(Clone, Debug)]
+pub struct BudgetSeries {
+    pub admitted: Counter,
+    pub stretched: Counter,
+    pub deadline: Counter,
+    pub repeats: Counter,
+    pub added_delay: Histogram,
 }
 
 /// The content type of [`Metrics::render`]'s output.

@@ -78,6 +78,7 @@ pub fn spec(i: usize) -> RetryPolicySpec {
             action: TerminalAction::DeadLetter,
             dead_letter_queue: Some(format!("dead-{i}")),
         }),
+        retry_budget: None,
     }
 }
 

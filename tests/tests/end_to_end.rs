@@ -175,3 +175,89 @@ async fn connect(addr: SocketAddr) -> Result<RetryAdvisorClient<Channel>> {
         }
     }
 }
+
+/// A `retryBudget` travels the same loop: the status summary names it, the ConfigMap's
+/// document carries it, and the real sidecar binary stretches retries over it. Budget 1/s,
+/// burst 1, a constant 2 s delay: ten jobs asked one after the other cannot all run 2 s
+/// later in distinct seconds, so the budget must stretch some; a repeated question gets the
+/// identical answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()> {
+    let env = TestEnv::new("e2e-budget").await?;
+    let ns = env.namespace.clone();
+    let _operator = spawn(
+        "rebound-operator",
+        &env,
+        &[
+            format!("--namespaces={ns}"),
+            "--leader-elect=false".into(),
+            format!("--metrics-addr={}", free_port()?),
+        ],
+    )?;
+    let manifest = format!("{}  retryBudget: {{ratePerSecond: 1}}\n", policy("2s"));
+    env.kubectl_stdin(["apply", "-f", "-"], &manifest)?.ok()?;
+    env.kubectl([
+        "wait",
+        "--for=condition=Ready",
+        "retrypolicy/orders",
+        "--timeout=60s",
+    ])?
+    .ok()?;
+    let summary = env
+        .kubectl([
+            "get",
+            "retrypolicy/orders",
+            "-o",
+            "jsonpath={.status.summary.retryBudget}",
+        ])?
+        .ok()?;
+    assert_eq!(summary.stdout.trim(), "1/s, burst 1 (1s slots)");
+    let doc = env
+        .kubectl([
+            "get",
+            "configmap",
+            "rebound-policies",
+            "-o",
+            "jsonpath={.data.policies\\.json}",
+        ])?
+        .ok()?;
+    let doc = rebound_policy::CompiledDocument::from_json(doc.stdout.as_bytes())?;
+    assert_eq!(
+        doc.policies[0].params.retry_budget,
+        Some(rebound_policy::retry_budget::RetryBudget {
+            rate_per_second: 1,
+            burst: 1
+        })
+    );
+
+    let grpc = free_port()?;
+    let _sidecar = spawn(
+        "rebound-sidecar",
+        &env,
+        &[
+            format!("--configmap={ns}/rebound-policies"),
+            format!("--listen={grpc}"),
+            "--no-admin".into(),
+        ],
+    )?;
+    let mut client = connect(grpc).await?;
+    wait_for_delay(&mut client, 2_000).await?;
+    let ask = |job: &str| DecideRequest {
+        queue: "orders".into(),
+        attempt: 1,
+        job_id: job.into(),
+        ..DecideRequest::default()
+    };
+    let mut answers = Vec::new();
+    for i in 0..10 {
+        answers.push(client.decide(ask(&format!("job-{i}"))).await?.into_inner());
+    }
+    for a in &answers {
+        assert_eq!(a.delay_ms, 2_000 + a.budget_delay_ms, "{a:?}");
+        assert_eq!(a.budget_stretched, a.budget_delay_ms > 0, "{a:?}");
+    }
+    assert!(answers.iter().any(|a| a.budget_stretched), "{answers:?}");
+    let again = client.decide(ask("job-9")).await?.into_inner();
+    assert_eq!(Some(&again), answers.last());
+    Ok(())
+}

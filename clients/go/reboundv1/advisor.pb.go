@@ -519,7 +519,15 @@ type DecideResponse struct {
 	// "attempt 5 of 5 failed (maxAttempts)"; suitable for a job's failure message.
 	ReasonMessage string `protobuf:"bytes,6,opt,name=reason_message,json=reasonMessage,proto3" json:"reason_message,omitempty"`
 	// The policy that answered.
-	Policy        *PolicyRef `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy *PolicyRef `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"`
+	// True when the policy's retry budget changed the answer: on DECISION_RETRY, delay_ms
+	// was stretched to the next budget slot with room; on DECISION_GIVE_UP (reason
+	// DEADLINE), the stretched run would have started past the deadline. False without a
+	// budget and when the retry fitted.
+	BudgetStretched bool `protobuf:"varint,8,opt,name=budget_stretched,json=budgetStretched,proto3" json:"budget_stretched,omitempty"`
+	// DECISION_RETRY only: the milliseconds the retry budget added to the policy's delay
+	// (already included in delay_ms); 0 when the retry fitted or the policy has no budget.
+	BudgetDelayMs uint64 `protobuf:"varint,9,opt,name=budget_delay_ms,json=budgetDelayMs,proto3" json:"budget_delay_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -601,6 +609,20 @@ func (x *DecideResponse) GetPolicy() *PolicyRef {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *DecideResponse) GetBudgetStretched() bool {
+	if x != nil {
+		return x.BudgetStretched
+	}
+	return false
+}
+
+func (x *DecideResponse) GetBudgetDelayMs() uint64 {
+	if x != nil {
+		return x.BudgetDelayMs
+	}
+	return 0
 }
 
 // Many failures at once.
@@ -1097,7 +1119,7 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x03R\n" +
 	"generation\x12\x1f\n" +
 	"\vconfig_hash\x18\x04 \x01(\tR\n" +
-	"configHash\"\xcc\x02\n" +
+	"configHash\"\x9f\x03\n" +
 	"\x0eDecideResponse\x120\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x14.rebound.v1.DecisionR\bdecision\x12\x19\n" +
 	"\bdelay_ms\x18\x02 \x01(\x04R\adelayMs\x129\n" +
@@ -1105,7 +1127,9 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"\x11dead_letter_queue\x18\x04 \x01(\tR\x0fdeadLetterQueue\x120\n" +
 	"\x06reason\x18\x05 \x01(\x0e2\x18.rebound.v1.GiveUpReasonR\x06reason\x12%\n" +
 	"\x0ereason_message\x18\x06 \x01(\tR\rreasonMessage\x12-\n" +
-	"\x06policy\x18\a \x01(\v2\x15.rebound.v1.PolicyRefR\x06policy\"K\n" +
+	"\x06policy\x18\a \x01(\v2\x15.rebound.v1.PolicyRefR\x06policy\x12)\n" +
+	"\x10budget_stretched\x18\b \x01(\bR\x0fbudgetStretched\x12&\n" +
+	"\x0fbudget_delay_ms\x18\t \x01(\x04R\rbudgetDelayMs\"K\n" +
 	"\x12DecideBatchRequest\x125\n" +
 	"\brequests\x18\x01 \x03(\v2\x19.rebound.v1.DecideRequestR\brequests\"9\n" +
 	"\tItemError\x12\x12\n" +

@@ -27,6 +27,8 @@ Google::Protobuf::DescriptorPool.generated_pool.build do
       optional :reason, :enum, 5, "rebound.v1.GiveUpReason"
       optional :reason_message, :string, 6
       optional :policy, :message, 7, "rebound.v1.PolicyRef"
+      optional :budget_stretched, :bool, 8
+      optional :budget_delay_ms, :uint64, 9
     end
     add_message "rebound.v1.DecideBatchRequest" do
       repeated :requests, :message, 1, "rebound.v1.DecideRequest"

@@ -1,0 +1,488 @@
+//! Retry budgets: how fast one sidecar may schedule a policy's retries.
+//!
+//! Time is cut into slots of `1000 × burst / ratePerSecond` milliseconds, aligned to the
+//! Unix epoch; each slot admits at most `burst` retries. A retry is counted in the slot of
+//! the time it is *scheduled to run* (now + delay), not when it is asked for, so retries
+//! waiting in backoff count against the budget. A retry whose wanted time falls in a full
+//! slot is not dropped: it moves to the first slot at or after that time with room, and
+//! its delay is stretched to that slot's start.
+//!
+//! [`Scheduler`] is pure and clock-injected (every call says what time it is); it never
+//! touches `decide`, which stays a function of policy and request. Slot arithmetic is done
+//! in integers: slot `k` covers `[k × 1000 × burst / rate, (k+1) × 1000 × burst / rate)`
+//! ms exactly, with no rounding of the slot length.
+//!
+//! Memory is bounded whatever the input: booked slots are held as runs (consecutive full
+//! slots with a possibly partial last one), slots in the past are forgotten, the number of
+//! runs is capped (past the cap, gaps are conservatively counted as full, which can only
+//! lower the rate), and the memo of answers is a fixed-capacity map evicting its oldest.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    hash::{BuildHasher, RandomState},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    decide::{Decision, GiveUpReason},
+    resolve::ResolvedPolicy,
+};
+
+/// Bounds shared by the CRD schema, the validator and the scheduler.
+pub mod limits {
+    pub const MAX_RATE_PER_SECOND: u32 = 100_000;
+    pub const MAX_BURST: u32 = 100_000;
+    pub const DEFAULT_BURST: u32 = 1;
+    /// Longest slot: a burst may not cover more than a minute of the rate.
+    pub const MAX_SLOT_SECONDS: u32 = 60;
+    /// How far ahead a policy without `maxRetryDuration` may book: the longest duration a
+    /// policy can state (8760h). A retry that would run later gives up with `Deadline`.
+    pub const MAX_BOOK_AHEAD_MS: u64 = crate::duration::MAX_DURATION_MS;
+    /// Answers remembered per policy for repeated questions.
+    pub const MEMO_CAPACITY: usize = 65_536;
+    /// Runs of booked slots held per policy; past it, gaps between runs count as full.
+    pub const MAX_RUNS: usize = 16_384;
+}
+
+/// A resolved `retryBudget`: at most `burst` retries per slot of `1000 × burst /
+/// rate_per_second` ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBudget {
+    pub rate_per_second: u32,
+    pub burst: u32,
+}
+
+impl RetryBudget {
+    /// Checks the bounds and cross-field rules; `Err` names the field (camelCase, relative
+    /// to the budget) and the problem.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        use limits::*;
+        if !(1..=MAX_RATE_PER_SECOND).contains(&self.rate_per_second) {
+            return Err((
+                "ratePerSecond",
+                format!(
+                    "must be between 1 and {MAX_RATE_PER_SECOND}, got {}",
+                    self.rate_per_second
+                ),
+            ));
+        }
+        if !(1..=MAX_BURST).contains(&self.burst) {
+            return Err((
+                "burst",
+                format!("must be between 1 and {MAX_BURST}, got {}", self.burst),
+            ));
+        }
+        if u64::from(self.burst) * 1000 < u64::from(self.rate_per_second) {
+            return Err((
+                "burst",
+                crate::spec::rules::BUDGET_SLOT_AT_LEAST_1MS
+                    .message
+                    .to_owned(),
+            ));
+        }
+        if u64::from(self.burst) > u64::from(MAX_SLOT_SECONDS) * u64::from(self.rate_per_second) {
+            return Err((
+                "burst",
+                crate::spec::rules::BUDGET_SLOT_AT_MOST_60S
+                    .message
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The slot holding time `t_ms`: `floor(t × rate / (1000 × burst))`.
+    pub fn slot_of(&self, t_ms: u64) -> u64 {
+        let k = u128::from(t_ms) * u128::from(self.rate_per_second)
+            / (1000 * u128::from(self.burst.max(1)));
+        u64::try_from(k).unwrap_or(u64::MAX)
+    }
+
+    /// The first whole millisecond of slot `k`: `ceil(k × 1000 × burst / rate)`. With a
+    /// slot of at least 1 ms (validated), it lies inside slot `k`.
+    pub fn slot_start(&self, k: u64) -> u64 {
+        let num = u128::from(k) * 1000 * u128::from(self.burst);
+        let rate = u128::from(self.rate_per_second.max(1));
+        u64::try_from(num.div_ceil(rate)).unwrap_or(u64::MAX)
+    }
+
+    /// Slot length in milliseconds, for people (may be fractional).
+    pub fn slot_ms(&self) -> f64 {
+        1000.0 * f64::from(self.burst) / f64::from(self.rate_per_second.max(1))
+    }
+}
+
+/// `10/s, burst 1 (100ms slots)`: the rate, the burst and the slot they make.
+impl std::fmt::Display for RetryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/s, burst {} (", self.rate_per_second, self.burst)?;
+        let whole = 1000 * u64::from(self.burst);
+        let rate = u64::from(self.rate_per_second.max(1));
+        if whole.is_multiple_of(rate) {
+            f.write_str(&crate::duration::format_millis(whole / rate))?;
+        } else {
+            write!(f, "{:.2}ms", self.slot_ms())?;
+        }
+        f.write_str(" slots)")
+    }
+}
+
+/// Who asks: a repeated question for the same failure is recognised by these.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    pub queue: &'a str,
+    /// Without a job id every question is a new one (its jitter is random too).
+    pub job_id: Option<&'a str>,
+    pub attempt: u32,
+    pub now_ms: u64,
+    /// When the job first failed; the deadline counts from it (from now when unknown).
+    pub first_failure_ms: Option<u64>,
+}
+
+/// A decision after the budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Budgeted {
+    /// `decide`'s answer, with the delay stretched, or a `Deadline` give-up when the
+    /// stretched run would start past the deadline.
+    pub decision: Decision,
+    /// Milliseconds the budget added to `decide`'s delay (0 when it fitted).
+    pub added_ms: u64,
+    /// The budget changed the answer (stretched the delay or gave up).
+    pub stretched: bool,
+    /// The answer came from the memo: no slot was taken.
+    pub repeat: bool,
+}
+
+/// One policy's slot book and memo.
+#[derive(Debug)]
+pub struct Scheduler {
+    budget: RetryBudget,
+    slots: Slots,
+    memo: Memo,
+}
+
+impl Scheduler {
+    pub fn new(budget: RetryBudget) -> Self {
+        Self::with_capacity(budget, limits::MEMO_CAPACITY, limits::MAX_RUNS)
+    }
+
+    /// Explicit bounds, for tests of the bounds.
+    pub fn with_capacity(budget: RetryBudget, memo: usize, runs: usize) -> Self {
+        Self {
+            budget,
+            slots: Slots::new(budget.burst, runs.max(1)),
+            memo: Memo::new(memo),
+        }
+    }
+
+    pub fn budget(&self) -> RetryBudget {
+        self.budget
+    }
+
+    /// Runs of booked slots held now (for the memory bound).
+    pub fn runs(&self) -> usize {
+        self.slots.runs.len()
+    }
+
+    pub fn memo_len(&self) -> usize {
+        self.memo.map.len()
+    }
+
+    /// Applies the budget to `decide`'s answer. Only `Retry` answers take a slot; give-ups
+    /// pass through unchanged.
+    pub fn apply(
+        &mut self,
+        policy: &ResolvedPolicy,
+        decision: Decision,
+        ask: &Ask<'_>,
+    ) -> Budgeted {
+        let Decision::Retry { delay_ms } = decision else {
+            return Budgeted {
+                decision,
+                added_ms: 0,
+                stretched: false,
+                repeat: false,
+            };
+        };
+        let key = ask
+            .job_id
+            .map(|job| self.memo.key(ask.queue, job, ask.attempt));
+        if let Some(key) = key
+            && let Some(answer) = self.memo.get(key)
+        {
+            return answer.expand(policy);
+        }
+        let answer = self.book(policy, delay_ms, ask);
+        if let Some(key) = key {
+            self.memo.insert(key, Remembered::of(&answer));
+        }
+        answer
+    }
+
+    fn book(&mut self, policy: &ResolvedPolicy, delay_ms: u64, ask: &Ask<'_>) -> Budgeted {
+        let now = ask.now_ms;
+        self.slots.forget_before(self.budget.slot_of(now));
+        let wanted = now.saturating_add(delay_ms);
+        let first = self.budget.slot_of(wanted);
+        let slot = self.slots.find_free(first);
+        let at = if slot == first {
+            wanted
+        } else {
+            self.budget.slot_start(slot)
+        };
+        let stretched_delay = at.saturating_sub(now);
+        let added_ms = stretched_delay - delay_ms.min(stretched_delay);
+
+        let elapsed = ask
+            .first_failure_ms
+            .map_or(0, |first| now.saturating_sub(first));
+        let (limit, from) = match policy.max_retry_duration_ms {
+            Some(limit) => (limit, elapsed),
+            None => (limits::MAX_BOOK_AHEAD_MS, 0),
+        };
+        let next_start = from.saturating_add(stretched_delay);
+        if added_ms > 0 && next_start > limit {
+            return Budgeted {
+                decision: Decision::GiveUp {
+                    disposition: policy.terminal.clone(),
+                    reason: GiveUpReason::Deadline {
+                        max_retry_duration_ms: limit,
+                        next_start_after_ms: next_start,
+                    },
+                },
+                added_ms: 0,
+                stretched: true,
+                repeat: false,
+            };
+        }
+        self.slots.book(slot);
+        Budgeted {
+            decision: Decision::Retry {
+                delay_ms: stretched_delay,
+            },
+            added_ms,
+            stretched: added_ms > 0,
+            repeat: false,
+        }
+    }
+}
+
+/// A run of booked slots `[start, end)`: every slot full except the last, which holds
+/// `fill` (1..=burst) retries. Runs never overlap; a run whose last slot is full never
+/// touches the next run (they are merged), so the slot after it is free.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    end: u64,
+    fill: u32,
+}
+
+#[derive(Debug)]
+struct Slots {
+    burst: u32,
+    max_runs: usize,
+    /// Keyed by the run's first slot.
+    runs: BTreeMap<u64, Run>,
+}
+
+impl Slots {
+    fn new(burst: u32, max_runs: usize) -> Self {
+        Self {
+            burst,
+            max_runs,
+            runs: BTreeMap::new(),
+        }
+    }
+
+    /// Forgets runs that ended before slot `now`.
+    fn forget_before(&mut self, now: u64) {
+        while let Some(entry) = self.runs.first_entry() {
+            if entry.get().end > now {
+                break;
+            }
+            entry.remove();
+        }
+    }
+
+    /// The first slot at or after `slot` with room.
+    fn find_free(&self, slot: u64) -> u64 {
+        match self.runs.range(..=slot).next_back() {
+            Some((_, run)) if slot < run.end => {
+                if run.fill < self.burst {
+                    run.end - 1
+                } else {
+                    run.end
+                }
+            }
+            _ => slot,
+        }
+    }
+
+    /// Takes one place in `slot`, which [`Self::find_free`] returned.
+    fn book(&mut self, slot: u64) {
+        let burst = self.burst;
+        let prev = self.runs.range(..=slot).next_back().map(|(s, r)| (*s, *r));
+        let start = match prev {
+            // The partial last slot of a run.
+            Some((start, run)) if slot.saturating_add(1) == run.end && run.fill < burst => {
+                self.set(start, run.end, run.fill + 1);
+                start
+            }
+            // Right after a run whose last slot is full: the run grows.
+            Some((start, run)) if slot == run.end && run.fill == burst => {
+                self.set(start, slot.saturating_add(1), 1);
+                start
+            }
+            _ if self.runs.len() < self.max_runs => {
+                self.set(slot, slot.saturating_add(1), 1);
+                slot
+            }
+            // Out of runs: the gap up to `slot` is counted as full (conservative).
+            Some((start, _)) => {
+                self.set(start, slot.saturating_add(1), 1);
+                start
+            }
+            // `slot` precedes every run: the first run now starts at `slot`, and the slots
+            // in between count as full.
+            None => {
+                let Some((first, run)) = self.runs.pop_first() else {
+                    return;
+                };
+                debug_assert!(first > slot);
+                self.runs.insert(slot, run);
+                slot
+            }
+        };
+        self.merge_after(start);
+    }
+
+    fn set(&mut self, start: u64, end: u64, fill: u32) {
+        self.runs.insert(start, Run { end, fill });
+    }
+
+    /// Joins the run at `start` with the next one when its last slot is full and they touch.
+    fn merge_after(&mut self, start: u64) {
+        let Some(run) = self.runs.get(&start).copied() else {
+            return;
+        };
+        if run.fill < self.burst {
+            return;
+        }
+        if let Some(next) = self.runs.remove(&run.end)
+            && let Some(r) = self.runs.get_mut(&start)
+        {
+            *r = next;
+        }
+    }
+}
+
+/// An answer as the memo keeps it: numbers only (the disposition is the policy's), so an
+/// entry is a few words whatever the policy.
+#[derive(Clone, Copy, Debug)]
+enum Remembered {
+    Retry { delay_ms: u64, added_ms: u64 },
+    Deadline { limit_ms: u64, next_start_ms: u64 },
+}
+
+impl Remembered {
+    fn of(answer: &Budgeted) -> Self {
+        match &answer.decision {
+            Decision::Retry { delay_ms } => Self::Retry {
+                delay_ms: *delay_ms,
+                added_ms: answer.added_ms,
+            },
+            // `book` gives up only at the deadline; any other reason is kept as one too
+            // rather than as a retry.
+            Decision::GiveUp { reason, .. } => match reason {
+                GiveUpReason::Deadline {
+                    max_retry_duration_ms,
+                    next_start_after_ms,
+                } => Self::Deadline {
+                    limit_ms: *max_retry_duration_ms,
+                    next_start_ms: *next_start_after_ms,
+                },
+                _ => Self::Deadline {
+                    limit_ms: 0,
+                    next_start_ms: 0,
+                },
+            },
+        }
+    }
+
+    /// The identical answer again, marked as a repeat.
+    fn expand(self, policy: &ResolvedPolicy) -> Budgeted {
+        match self {
+            Self::Retry { delay_ms, added_ms } => Budgeted {
+                decision: Decision::Retry { delay_ms },
+                added_ms,
+                stretched: added_ms > 0,
+                repeat: true,
+            },
+            Self::Deadline {
+                limit_ms,
+                next_start_ms,
+            } => Budgeted {
+                decision: Decision::GiveUp {
+                    disposition: policy.terminal.clone(),
+                    reason: GiveUpReason::Deadline {
+                        max_retry_duration_ms: limit_ms,
+                        next_start_after_ms: next_start_ms,
+                    },
+                },
+                added_ms: 0,
+                stretched: true,
+                repeat: true,
+            },
+        }
+    }
+}
+
+/// Fixed-capacity answers by key, oldest evicted first.
+#[derive(Debug)]
+struct Memo {
+    capacity: usize,
+    /// Keys are (queue, job id, attempt) hashed with per-process random keys (SipHash), so
+    /// clients cannot craft two failures that share one; two share a key with probability
+    /// about 2⁻⁶⁴ per pair.
+    keys: RandomState,
+    map: HashMap<u64, Remembered>,
+    order: VecDeque<u64>,
+}
+
+impl Memo {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            keys: RandomState::new(),
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    fn key(&self, queue: &str, job_id: &str, attempt: u32) -> u64 {
+        self.keys.hash_one((queue, job_id, attempt))
+    }
+
+    fn get(&self, key: u64) -> Option<Remembered> {
+        self.map.get(&key).copied()
+    }
+
+    fn insert(&mut self, key: u64, answer: Remembered) {
+        if self.capacity == 0 {
+            return;
+        }
+        while self.map.len() >= self.capacity {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            self.map.remove(&old);
+        }
+        if self.map.insert(key, answer).is_none() {
+            self.order.push_back(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,415 @@
+//! The slot model's guarantees on fixed seeds: no slot ever holds more than `burst`,
+//! nothing is moved earlier than asked, repeats take no slot, memory stays bounded.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::{
+    Disposition,
+    resolve::defaults,
+    spec::{JitterKind, Strategy},
+};
+
+fn policy(max_retry_duration_ms: Option<u64>) -> ResolvedPolicy {
+    ResolvedPolicy {
+        strategy: Strategy::Constant,
+        base_ms: 1_000,
+        multiplier: 1.0,
+        cap_ms: 1_000,
+        jitter: JitterKind::None,
+        jitter_ratio: 0.0,
+        schedule_ms: Vec::new(),
+        max_attempts: defaults::MAX_ATTEMPTS,
+        max_retry_duration_ms,
+        non_retryable_errors: Vec::new(),
+        terminal: Disposition::Drop,
+        retry_budget: None,
+    }
+}
+
+fn budget(rate_per_second: u32, burst: u32) -> RetryBudget {
+    RetryBudget {
+        rate_per_second,
+        burst,
+    }
+}
+
+fn ask(job: &str, now_ms: u64) -> Ask<'_> {
+    Ask {
+        queue: "q",
+        job_id: Some(job),
+        attempt: 1,
+        now_ms,
+        first_failure_ms: None,
+    }
+}
+
+fn retry(delay_ms: u64) -> Decision {
+    Decision::Retry { delay_ms }
+}
+
+fn delay(b: &Budgeted) -> u64 {
+    match b.decision {
+        Decision::Retry { delay_ms } => delay_ms,
+        Decision::GiveUp { .. } => panic!("gave up: {b:?}"),
+    }
+}
+
+/// A fixed-seed generator (splitmix64), so every run sees the same storm.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn slot_arithmetic_is_exact() {
+    let b = budget(3, 1); // 333⅓ ms slots
+    assert_eq!(b.slot_of(0), 0);
+    assert_eq!(b.slot_of(333), 0);
+    assert_eq!(b.slot_of(334), 1);
+    assert_eq!(b.slot_of(999), 2);
+    assert_eq!(b.slot_of(1000), 3);
+    assert_eq!(b.slot_start(1), 334);
+    assert_eq!(b.slot_start(3), 1000);
+    for k in [0, 1, 2, 7, 1_000_000, 5_000_000_000] {
+        assert_eq!(b.slot_of(b.slot_start(k)), k, "slot {k}");
+    }
+    let fast = budget(100_000, 100); // exactly 1 ms
+    assert_eq!(fast.slot_of(1_800_000_000_123), 1_800_000_000_123);
+    assert_eq!(b.slot_of(u64::MAX), u64::MAX / 1000 * 3 + 1);
+}
+
+#[test]
+fn check_names_the_field() {
+    assert_eq!(budget(10, 1).check(), Ok(()));
+    assert_eq!(budget(0, 1).check().unwrap_err().0, "ratePerSecond");
+    assert_eq!(budget(100_001, 200).check().unwrap_err().0, "ratePerSecond");
+    assert_eq!(budget(10, 0).check().unwrap_err().0, "burst");
+    assert_eq!(
+        budget(5_000, 4).check().unwrap_err().0,
+        "burst",
+        "slot under 1ms"
+    );
+    assert_eq!(budget(5_000, 5).check(), Ok(()));
+    assert_eq!(
+        budget(2, 121).check().unwrap_err().0,
+        "burst",
+        "slot over 60s"
+    );
+    assert_eq!(budget(2, 120).check(), Ok(()));
+}
+
+#[test]
+fn fitting_retries_are_unchanged_and_full_slots_stretch() {
+    let mut s = Scheduler::new(budget(10, 1)); // 100 ms slots
+    let p = policy(None);
+    let now = 1_000_000;
+    let first = s.apply(&p, retry(1_000), &ask("a", now));
+    assert_eq!(
+        (delay(&first), first.added_ms, first.stretched),
+        (1_000, 0, false)
+    );
+    let second = s.apply(&p, retry(1_050), &ask("b", now));
+    assert_eq!(
+        (delay(&second), second.added_ms, second.stretched),
+        (1_100, 50, true)
+    );
+    let third = s.apply(&p, retry(1_000), &ask("c", now));
+    assert_eq!(delay(&third), 1_200);
+    // A free slot later on is used as asked.
+    let later = s.apply(&p, retry(5_030), &ask("d", now));
+    assert_eq!((delay(&later), later.added_ms), (5_030, 0));
+}
+
+#[test]
+fn give_ups_pass_through_untouched() {
+    let mut s = Scheduler::new(budget(10, 1));
+    let gave_up = Decision::GiveUp {
+        disposition: Disposition::Drop,
+        reason: GiveUpReason::MaxAttempts {
+            max_attempts: 3,
+            attempt: 3,
+        },
+    };
+    let b = s.apply(&policy(None), gave_up.clone(), &ask("a", 0));
+    assert_eq!(b.decision, gave_up);
+    assert_eq!(s.runs(), 0);
+}
+
+/// Many seeds of storms with random delays, rates and bursts: no slot over `burst`, no
+/// retry earlier than `decide` said, and each retry in the first slot with room.
+#[test]
+fn never_more_than_burst_in_any_slot() {
+    for seed in 0..40u64 {
+        let mut rng = Rng(seed);
+        let rate: u32 = [1, 3, 7, 10, 250, 1_000, 20_000][rng.below(7) as usize];
+        let min_burst = rate.div_ceil(1000);
+        let burst = (min_burst + rng.below(5) as u32).min(60 * rate);
+        let b = budget(rate, burst);
+        assert_eq!(b.check(), Ok(()), "seed {seed}");
+        let mut s = Scheduler::new(b);
+        let p = policy(None);
+        let mut per_slot: HashMap<u64, u32> = HashMap::new();
+        let mut now = 1_700_000_000_000 + rng.below(1_000);
+        for i in 0..3_000 {
+            now += rng.below(3);
+            let wanted = rng.below(20_000);
+            let job = format!("{seed}-{i}");
+            let answer = s.apply(&p, retry(wanted), &ask(&job, now));
+            let d = delay(&answer);
+            assert!(d >= wanted, "seed {seed}: earlier than asked");
+            assert_eq!(d - wanted, answer.added_ms);
+            let slot = b.slot_of(now + d);
+            let n = per_slot.entry(slot).or_default();
+            *n += 1;
+            assert!(*n <= burst, "seed {seed}: slot {slot} holds {n} > {burst}");
+            // Every slot between the wanted one and the booked one was full.
+            if answer.stretched {
+                for k in b.slot_of(now + wanted)..slot {
+                    assert_eq!(
+                        per_slot.get(&k).copied(),
+                        Some(burst),
+                        "seed {seed}: slot {k}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// With slots dividing the second, no 1-second bucket of scheduled time exceeds the rate.
+#[test]
+fn aligned_slots_bound_every_second() {
+    let b = budget(50, 5); // 100 ms slots
+    let mut s = Scheduler::new(b);
+    let p = policy(None);
+    let mut rng = Rng(7);
+    let now = 1_700_000_000_000;
+    let mut per_second: HashMap<u64, u32> = HashMap::new();
+    for i in 0..2_000 {
+        let d = delay(&s.apply(&p, retry(rng.below(1_000)), &ask(&i.to_string(), now)));
+        *per_second.entry((now + d) / 1000).or_default() += 1;
+    }
+    assert!(per_second.values().all(|&n| n <= 50), "{per_second:?}");
+    assert_eq!(per_second.values().sum::<u32>(), 2_000, "none dropped");
+}
+
+#[test]
+fn a_repeated_question_gets_the_same_answer_and_no_slot() {
+    let mut s = Scheduler::new(budget(1, 1));
+    let p = policy(None);
+    let first = s.apply(&p, retry(0), &ask("a", 10_000));
+    let stretched = s.apply(&p, retry(0), &ask("b", 10_000));
+    assert!(stretched.stretched);
+    let again = s.apply(&p, retry(0), &ask("b", 10_002));
+    assert_eq!(
+        (again.decision.clone(), again.added_ms),
+        (stretched.decision.clone(), stretched.added_ms)
+    );
+    assert!(again.repeat && !stretched.repeat);
+    // The next new job goes after b's slot: b's repeat did not take one.
+    let c = s.apply(&p, retry(0), &ask("c", 10_002));
+    assert_eq!(10_002 + delay(&c), 12_000);
+    // Another attempt of the same job is a new question.
+    let next_attempt = s.apply(
+        &p,
+        retry(0),
+        &Ask {
+            attempt: 2,
+            ..ask("a", 10_002)
+        },
+    );
+    assert_eq!(10_002 + delay(&next_attempt), 13_000);
+    assert_eq!(delay(&first), 0);
+    // No job id: never a repeat.
+    let anon = |now| Ask {
+        job_id: None,
+        ..ask("", now)
+    };
+    let x = s.apply(&p, retry(0), &anon(10_002));
+    let y = s.apply(&p, retry(0), &anon(10_002));
+    assert_ne!(x.decision, y.decision);
+}
+
+#[test]
+fn the_memo_is_bounded_and_forgets_the_oldest() {
+    let mut s = Scheduler::with_capacity(budget(1_000, 1), 100, limits::MAX_RUNS);
+    let p = policy(None);
+    for i in 0..1_000 {
+        s.apply(&p, retry(0), &ask(&i.to_string(), 0));
+        assert!(s.memo_len() <= 100);
+    }
+    assert!(s.apply(&p, retry(0), &ask("999", 0)).repeat);
+    assert!(!s.apply(&p, retry(0), &ask("0", 0)).repeat, "evicted");
+}
+
+/// Adversarial spacing (every other slot) past the run cap: memory stays at the cap and
+/// the budget still holds (gaps are counted as full).
+#[test]
+fn runs_are_capped_and_past_slots_forgotten() {
+    let b = budget(1_000, 1); // 1 ms slots
+    let mut s = Scheduler::with_capacity(b, 0, 64);
+    let p = policy(None);
+    let mut per_slot: HashMap<u64, u32> = HashMap::new();
+    let now = 5_000;
+    for i in 0..500u64 {
+        let d = delay(&s.apply(&p, retry((i * 7919) % 4_000 * 2), &ask("", now)));
+        assert!(s.runs() <= 64);
+        let n = per_slot.entry(b.slot_of(now + d)).or_default();
+        *n += 1;
+        assert_eq!(*n, 1);
+    }
+    // Far later, everything booked is in the past and forgotten.
+    s.apply(&p, retry(0), &ask("", now + 1_000_000));
+    assert_eq!(s.runs(), 1);
+}
+
+#[test]
+fn stretching_past_the_deadline_gives_up_with_deadline() {
+    let mut s = Scheduler::new(budget(1, 1));
+    let p = policy(Some(3_000));
+    let a = Ask {
+        first_failure_ms: Some(9_000),
+        ..ask("a", 10_000)
+    };
+    assert_eq!(delay(&s.apply(&p, retry(1_000), &a)), 1_000);
+    // 11 s is taken; 12 s would be 3 s after the first failure: still fits.
+    let b = s.apply(
+        &p,
+        retry(1_000),
+        &Ask {
+            job_id: Some("b"),
+            ..a
+        },
+    );
+    assert_eq!(delay(&b), 2_000);
+    let c = s.apply(
+        &p,
+        retry(1_000),
+        &Ask {
+            job_id: Some("c"),
+            ..a
+        },
+    );
+    assert_eq!(
+        c.decision,
+        Decision::GiveUp {
+            disposition: Disposition::Drop,
+            reason: GiveUpReason::Deadline {
+                max_retry_duration_ms: 3_000,
+                next_start_after_ms: 4_000,
+            },
+        }
+    );
+    assert!(c.stretched);
+    let again = s.apply(
+        &p,
+        retry(1_000),
+        &Ask {
+            job_id: Some("c"),
+            ..a
+        },
+    );
+    assert_eq!(
+        (again.decision, again.stretched, again.repeat),
+        (c.decision, true, true)
+    );
+    // The give-up took no slot: a retry that fits still gets 13 s.
+    let d = s.apply(
+        &p,
+        retry(3_000),
+        &Ask {
+            job_id: Some("d"),
+            first_failure_ms: None,
+            ..a
+        },
+    );
+    assert_eq!(delay(&d), 3_000);
+}
+
+#[test]
+fn without_a_deadline_the_horizon_is_the_longest_duration() {
+    let mut s = Scheduler::new(budget(1, 1));
+    let p = policy(None);
+    let far = limits::MAX_BOOK_AHEAD_MS - 200;
+    assert_eq!(delay(&s.apply(&p, retry(far), &ask("a", 0))), far);
+    // The next slot starts exactly at the horizon: still within it.
+    assert_eq!(
+        delay(&s.apply(&p, retry(far), &ask("b", 0))),
+        limits::MAX_BOOK_AHEAD_MS
+    );
+    let third = s.apply(&p, retry(far), &ask("c", 0));
+    assert!(matches!(
+        third.decision,
+        Decision::GiveUp {
+            reason: GiveUpReason::Deadline { max_retry_duration_ms, .. },
+            ..
+        } if max_retry_duration_ms == limits::MAX_BOOK_AHEAD_MS
+    ));
+}
+
+#[test]
+fn the_storm_simulation_is_deterministic_and_within_budget() {
+    use crate::{decide::Policy, simulate::simulate_budget};
+    let mut params = policy(Some(3_600_000));
+    params.strategy = Strategy::Exponential;
+    params.multiplier = 2.0;
+    params.cap_ms = 60_000;
+    params.jitter = JitterKind::Full;
+    params.max_attempts = 4;
+    params.retry_budget = Some(budget(10, 1));
+    let p = Policy::new("ns/storm", params.clone());
+    let a = simulate_budget(&p, 1_000, 42).expect("budgeted");
+    assert_eq!(Some(&a), simulate_budget(&p, 1_000, 42).as_ref());
+    assert_eq!(
+        a.retries + a.gave_up_deadline,
+        3_000,
+        "three retries per job"
+    );
+    assert!(a.stretched > 2_000, "{a:?}");
+    // 3,000 retries at 10/s cannot be done in under 300 s.
+    assert!(a.last_retry_at_ms >= 299_000, "{a:?}");
+    params.retry_budget = None;
+    assert_eq!(
+        simulate_budget(&Policy::new("ns/storm", params), 10, 1),
+        None
+    );
+}
+
+/// Like `decide`, the scheduler is total: an unchecked budget and extreme times and
+/// delays give answers, never a panic or an overflow.
+#[test]
+fn extreme_inputs_do_not_panic() {
+    let p = policy(None);
+    for b in [
+        budget(100_000, 1),
+        budget(1, 100_000),
+        budget(0, 0),
+        budget(u32::MAX, 1),
+    ] {
+        let mut s = Scheduler::new(b);
+        for (now, d) in [
+            (0, 0),
+            (u64::MAX, u64::MAX),
+            (u64::MAX - 1, 0),
+            (0, u64::MAX),
+            (5, 7),
+        ] {
+            for job in ["a", "b"] {
+                let _ = s.apply(&p, retry(d), &ask(job, now));
+            }
+        }
+        let _ = b.to_string();
+    }
+}

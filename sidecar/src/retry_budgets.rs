@@ -1,0 +1,146 @@
+//! Per-policy retry-budget schedulers ([`rebound_policy::retry_budget`]), held next to the
+//! loaded configuration and carried over when a reload leaves a policy's budget as it
+//! was, so a reload in the middle of a storm does not forget the retries already booked.
+//! (Not to be confused with [`crate::budget`], which bounds request bytes.)
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use prometheus_client::metrics::{counter::Counter, histogram::Histogram};
+use rebound_policy::{
+    CompiledDocument, Decision, ResolvedPolicy,
+    retry_budget::{Ask, Budgeted, RetryBudget, Scheduler},
+};
+
+use crate::metrics::{BudgetSeries, Metrics};
+
+/// One budgeted policy's scheduler and its metric handles.
+#[derive(Debug)]
+pub struct PolicyBudget {
+    scheduler: Mutex<Scheduler>,
+    series: BudgetSeries,
+}
+
+impl PolicyBudget {
+    fn new(budget: RetryBudget, series: BudgetSeries) -> Self {
+        Self {
+            scheduler: Mutex::new(Scheduler::new(budget)),
+            series,
+        }
+    }
+
+    pub fn budget(&self) -> RetryBudget {
+        self.lock().budget()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Scheduler> {
+        // A panic while holding the lock cannot leave the book half-written in a way that
+        // breaks the bound (each booking is one map update), so keep going.
+        self.scheduler.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies the budget to `decide`'s answer and counts what it did.
+    pub fn apply(&self, params: &ResolvedPolicy, decision: Decision, ask: &Ask<'_>) -> Budgeted {
+        let was_retry = matches!(decision, Decision::Retry { .. });
+        let answer = self.lock().apply(params, decision, ask);
+        if !was_retry {
+            return answer;
+        }
+        let s = &self.series;
+        if answer.repeat {
+            s.repeats.inc();
+        } else if matches!(answer.decision, Decision::GiveUp { .. }) {
+            s.deadline.inc();
+        } else {
+            s.admitted.inc();
+            if answer.stretched {
+                s.stretched.inc();
+                s.added_delay.observe(answer.added_ms as f64 / 1e3);
+            }
+        }
+        answer
+    }
+}
+
+/// The schedulers of one configuration, by policy identity (`namespace/name`).
+#[derive(Debug, Default)]
+pub struct Budgets {
+    by_identity: HashMap<String, Arc<PolicyBudget>>,
+}
+
+impl Budgets {
+    /// Schedulers for the budgeted policies of `doc`: a policy whose budget is unchanged
+    /// from `previous` keeps its scheduler (bookings and memo); a new or changed budget
+    /// starts empty. Metric series of policies that lost their budget are removed.
+    pub fn build(doc: &CompiledDocument, previous: Option<&Budgets>, metrics: &Metrics) -> Self {
+        let mut by_identity = HashMap::new();
+        for p in &doc.policies {
+            let Some(budget) = p.params.retry_budget else {
+                continue;
+            };
+            let identity = p.identity();
+            let kept = previous
+                .and_then(|prev| prev.by_identity.get(&identity))
+                .filter(|b| b.budget() == budget)
+                .cloned();
+            let entry = kept.unwrap_or_else(|| {
+                Arc::new(PolicyBudget::new(budget, metrics.budget_series(&identity)))
+            });
+            by_identity.insert(identity, entry);
+        }
+        if let Some(prev) = previous {
+            for identity in prev.by_identity.keys() {
+                if !by_identity.contains_key(identity) {
+                    metrics.remove_budget_series(identity);
+                }
+            }
+        }
+        Self { by_identity }
+    }
+
+    /// Schedulers with metric handles registered nowhere: for answering without a store
+    /// (unit tests, the fuzz target).
+    pub fn detached(doc: &CompiledDocument) -> Self {
+        let by_identity = doc
+            .policies
+            .iter()
+            .filter_map(|p| {
+                let budget = p.params.retry_budget?;
+                let series = BudgetSeries {
+                    admitted: Counter::default(),
+                    stretched: Counter::default(),
+                    deadline: Counter::default(),
+                    repeats: Counter::default(),
+                    added_delay: Histogram::new([0.0]),
+                };
+                Some((p.identity(), Arc::new(PolicyBudget::new(budget, series))))
+            })
+            .collect();
+        Self { by_identity }
+    }
+
+    pub fn get(&self, identity: &str) -> Option<&PolicyBudget> {
+        self.by_identity.get(identity).map(Arc::as_ref)
+    }
+
+    /// Whether `identity`'s scheduler is the very one in `other` (kept across a reload).
+    pub fn shares_with(&self, other: &Budgets, identity: &str) -> bool {
+        match (
+            self.by_identity.get(identity),
+            other.by_identity.get(identity),
+        ) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_identity.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_identity.is_empty()
+    }
+}

@@ -99,8 +99,13 @@ const (
 
 // Answer is a decision; Delay is set only for DECISION_RETRY.
 type Answer struct {
-	Decision        pb.Decision
-	Delay           time.Duration
+	Decision pb.Decision
+	Delay    time.Duration
+	// BudgetStretched says the policy's retryBudget moved this retry later, by
+	// BudgetDelay (included in Delay). A budget is one sidecar's schedule: never set
+	// on a fallback answer.
+	BudgetStretched bool
+	BudgetDelay     time.Duration
 	Disposition     pb.Disposition
 	DeadLetterQueue string
 	Reason          pb.GiveUpReason
@@ -283,6 +288,7 @@ func (c *Client) Decide(ctx context.Context, f Failure) Answer {
 		}
 		if a.Retry() {
 			a.Delay = millis(res.GetDelayMs())
+			a.BudgetStretched, a.BudgetDelay = res.GetBudgetStretched(), millis(res.GetBudgetDelayMs())
 		}
 		c.mu.Lock()
 		cached, ok := c.policies[req.Queue]

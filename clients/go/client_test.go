@@ -51,6 +51,15 @@ spec:
   backoff: {strategy: linear, base: 1s, cap: 20s, jitter: {kind: equal}}
   maxAttempts: 5
   terminal: {action: drop}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: budgeted}
+spec:
+  queues: ["budgeted"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 5
+  retryBudget: {ratePerSecond: 1, burst: 1}
 `
 
 var testQueues = []string{"expo", "expo:eu", "email", "newsletter", "linear"}
@@ -154,6 +163,37 @@ func TestSidecarAnswersEqualLocalPort(t *testing.T) {
 	if d.Retry == 0 || d.GiveUpMaxAttempts == 0 || d.GiveUpNonRetryable == 0 ||
 		d.Retry+d.GiveUpMaxAttempts+d.GiveUpNonRetryable != len(qs) {
 		t.Fatalf("decisions %+v for %d questions", d, len(qs))
+	}
+}
+
+// A budget's stretch is reported and included in the delay; a repeat gets the same answer.
+func TestRetryBudgetStretchIsReported(t *testing.T) {
+	s := startSidecar(t)
+	c := newClient(t, s.Target)
+	ctx := context.Background()
+	// One retry a second: three failures answered within a few ms share at most two slots.
+	var answers []Answer
+	stretched := 0
+	for j := 0; j < 3; j++ {
+		a := c.Decide(ctx, Failure{Queue: "budgeted", Attempt: 1, JobID: fmt.Sprintf("budget-%d", j)})
+		if a.Source != SourceSidecar || !a.Retry() {
+			t.Fatalf("answer %d: %+v", j, a)
+		}
+		if a.Delay != 100*time.Millisecond+a.BudgetDelay || a.BudgetStretched != (a.BudgetDelay > 0) ||
+			a.BudgetDelay > 2*time.Second {
+			t.Fatalf("answer %d: delay %v, stretched %v by %v", j, a.Delay, a.BudgetStretched, a.BudgetDelay)
+		}
+		if a.BudgetStretched {
+			stretched++
+		}
+		answers = append(answers, a)
+	}
+	if stretched == 0 {
+		t.Fatalf("three retries in two one-retry slots, none stretched: %+v", answers)
+	}
+	again := c.Decide(ctx, Failure{Queue: "budgeted", Attempt: 1, JobID: "budget-2"})
+	if again.Delay != answers[2].Delay || again.BudgetStretched != answers[2].BudgetStretched {
+		t.Fatalf("repeat %+v, first %+v", again, answers[2])
 	}
 }
 

@@ -52,6 +52,9 @@ export interface Answer {
   deadLetterQueue: string;
   reason: GiveUpReasonName;
   reasonMessage: string;
+  /** The policy's retryBudget moved this retry later; `delayMs` includes `budgetDelayMs`. Always false from the fallback. */
+  budgetStretched: boolean;
+  budgetDelayMs: number;
   /** Empty strings for the built-in default policy. */
   policy: PolicyRef;
   /** `sidecar`, or `fallback` when computed locally. */

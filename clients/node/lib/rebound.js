@@ -260,6 +260,8 @@ class Rebound extends EventEmitter {
         deadLetterQueue: res.dead_letter_queue,
         reason: res.reason,
         reasonMessage: res.reason_message,
+        budgetStretched: Boolean(res.budget_stretched),
+        budgetDelayMs: Number(res.budget_delay_ms ?? 0),
         policy: policyRefFromWire(res.policy),
         source: 'sidecar',
         policySource: 'sidecar',
@@ -301,6 +303,9 @@ class Rebound extends EventEmitter {
         reasonMessage: '',
       };
     }
+    // A retry budget is one sidecar's schedule: a local answer is never stretched.
+    answer.budgetStretched = false;
+    answer.budgetDelayMs = 0;
     answer.policy = cached ? cached.ref : EMPTY_REF;
     answer.source = 'fallback';
     answer.policySource = cached ? 'cached' : 'default';

@@ -67,6 +67,15 @@ spec:
   backoff: {strategy: constant, base: 3s, jitter: {kind: none}}
   maxAttempts: 5
   terminal: {action: deadLetter, deadLetterQueue: work-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: budgeted}
+spec:
+  queues: ["budgeted"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 5
+  retryBudget: {ratePerSecond: 1, burst: 1}
 """
 
 

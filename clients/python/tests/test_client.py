@@ -59,13 +59,28 @@ def test_channel_is_not_shared_across_fork(sidecar):
     assert rb.decide("flaky", 2, job_id="parent")["source"] == "sidecar"
 
 
+def test_a_retry_budget_stretch_is_reported_and_added_to_the_delay(sidecar):
+    rb = Rebound(target=sidecar.target, deadline_ms=2000)
+    assert rb.refresh("budgeted")
+    # One retry a second: three failures answered within a few ms share at most two slots.
+    answers = [rb.decide("budgeted", 1, job_id=f"budget-{j}") for j in range(3)]
+    for a in answers:
+        assert (a["source"], a["decision"]) == ("sidecar", "DECISION_RETRY")
+        assert a["delayMs"] == 100 + a["budgetDelayMs"]
+        assert a["budgetStretched"] == (a["budgetDelayMs"] > 0)
+        assert a["budgetDelayMs"] <= 2000
+    assert sum(a["budgetStretched"] for a in answers) >= 1
+    again = rb.decide("budgeted", 1, job_id="budget-2")
+    assert (again["delayMs"], again["budgetStretched"]) == (answers[2]["delayMs"], answers[2]["budgetStretched"])
+
+
 def test_unreachable_sidecar_answers_from_the_documented_default():
     rb = Rebound(target=f"127.0.0.1:{free_port()}", deadline_ms=100)
     for attempt in (1, 5, 10):
         a = rb.decide("anything", attempt, job_id="k1", error_class="Boom")
         want = decide_local(DEFAULT_POLICY, DEFAULT_IDENTITY, attempt, {"jobId": "k1", "errorClass": "Boom"})
-        assert (a["source"], a["decision"], a["delayMs"], a["reason"]) == \
-            ("default", want["decision"], want["delayMs"], want["reason"])
+        assert (a["source"], a["decision"], a["delayMs"], a["reason"], a["budgetStretched"]) == \
+            ("default", want["decision"], want["delayMs"], want["reason"], False)
     m = rb.metrics()["fallback"]
     assert m["total"] == 3 and m["default_policy"] == 3 and m["unavailable"] == 3
 

@@ -22,6 +22,22 @@ class ClientTest < Minitest::Test
     end
   end
 
+  def test_a_retry_budget_stretch_is_reported_and_added_to_the_delay
+    rb = advisor(deadline_ms: 2000)
+    assert rb.refresh("budgeted")
+    # One retry a second: three failures answered within a few ms share at most two slots.
+    answers = (0..2).map { |j| rb.decide("budgeted", 1, job_id: "budget-#{j}") }
+    answers.each do |a|
+      assert_equal %w[sidecar DECISION_RETRY], a.values_at("source", "decision")
+      assert_equal 100 + a["budgetDelayMs"], a["delayMs"]
+      assert_equal a["budgetDelayMs"].positive?, a["budgetStretched"]
+      assert_operator a["budgetDelayMs"], :<=, 2000
+    end
+    assert_operator answers.count { |a| a["budgetStretched"] }, :>=, 1
+    again = rb.decide("budgeted", 1, job_id: "budget-2")
+    assert_equal answers[2].values_at("delayMs", "budgetStretched"), again.values_at("delayMs", "budgetStretched")
+  end
+
   def test_frozen_sidecar_answered_by_the_fallback_within_the_deadline
     sidecar = Sidecar.new(Harness.policies_file, "sidecar-frozen").start
     rb = Rebound::Advisor.new(target: sidecar.target, deadline_ms: 200)

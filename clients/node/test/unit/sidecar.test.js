@@ -54,3 +54,46 @@ test('the fallback answers exactly like a real sidecar', { skip: !BIN && 'no reb
     child.kill('SIGTERM');
   }
 });
+
+test('a retry budget: stretched answers say so, and the delay is the policy\'s plus the stretch', { skip: !BIN && 'no rebound-sidecar binary built' }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rebound-budget-'));
+  const file = path.join(dir, 'budgeted.yaml');
+  // One retry a second: three failures answered within a few ms share at most two slots.
+  fs.writeFileSync(
+    file,
+    [
+      'apiVersion: rebound.dev/v1alpha1',
+      'kind: RetryPolicy',
+      'metadata: {name: budgeted}',
+      'spec:',
+      '  queues: ["budgeted"]',
+      '  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}',
+      '  maxAttempts: 5',
+      '  retryBudget: {ratePerSecond: 1, burst: 1}',
+      '',
+    ].join('\n'),
+  );
+  const port = await closedPort();
+  const child = spawn(BIN, ['--policies-file', file, '--namespace', 'unit', '--listen', `127.0.0.1:${port}`, '--no-admin'], { stdio: 'ignore' });
+  const rebound = createRebound({ target: `127.0.0.1:${port}`, logger: false, deadlineMs: 2000 });
+  try {
+    await eventually(async () => (await rebound.policy('budgeted'))?.policy.name === 'budgeted', 20000, 'sidecar up');
+    const answers = [];
+    for (const jobId of ['a', 'b', 'c']) answers.push(await rebound.decide({ queue: 'budgeted', attempt: 1, jobId }));
+    for (const a of answers) {
+      assert.equal(a.source, 'sidecar');
+      assert.equal(a.decision, 'DECISION_RETRY');
+      assert.equal(a.delayMs, 100 + a.budgetDelayMs);
+      assert.equal(a.budgetStretched, a.budgetDelayMs > 0);
+      assert.ok(a.budgetDelayMs <= 2000, `${a.budgetDelayMs} ms is past the next two slots`);
+    }
+    assert.ok(answers.filter((a) => a.budgetStretched).length >= 1, 'three retries in two slots of one');
+    // The same failure asked again: the same answer, without taking another slot.
+    const again = await rebound.decide({ queue: 'budgeted', attempt: 1, jobId: 'c' });
+    assert.deepEqual([again.delayMs, again.budgetStretched], [answers[2].delayMs, answers[2].budgetStretched]);
+  } finally {
+    await rebound.close();
+    child.kill('SIGTERM');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

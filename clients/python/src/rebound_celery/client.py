@@ -119,6 +119,8 @@ def answer_from_wire(res):
         "deadLetterQueue": res.dead_letter_queue,
         "reason": pb.GiveUpReason.Name(res.reason),
         "reasonMessage": res.reason_message,
+        "budgetStretched": bool(res.budget_stretched),
+        "budgetDelayMs": int(res.budget_delay_ms),
         "policy": {
             "name": res.policy.name,
             "namespace": res.policy.namespace,

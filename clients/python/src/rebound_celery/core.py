@@ -172,7 +172,8 @@ class Rebound:
             _log("error", "rebound.fallback_failed", queue=f["queue"], error=repr(err)[:300])
             return {"decision": "DECISION_RETRY", "delayMs": LAST_RESORT_DELAY_MS, "source": "last_resort",
                     "disposition": "DISPOSITION_UNSPECIFIED", "deadLetterQueue": "",
-                    "reason": "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage": ""}
+                    "reason": "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage": "",
+                    "budgetStretched": False, "budgetDelayMs": 0}
 
     def _decide(self, f):
         req = pb.DecideRequest(queue=f["queue"], attempt=f["attempt"], job_id=f.get("jobId", ""),
@@ -192,6 +193,8 @@ class Rebound:
             ctx = {k: f[k] for k in ("jobId", "errorClass", "firstFailureUnixMs", "retryAfterMs") if k in f}
             ctx["nowUnixMs"] = int(time.time() * 1000)
             answer = decide_prepared(prepared, f["attempt"], ctx)
+            # A retry budget is one sidecar's schedule: a local answer is never stretched.
+            answer["budgetStretched"], answer["budgetDelayMs"] = False, 0
             answer["source"] = "fallback" if cached else "default"
             self._count("fallback", cause)
             self._count("fallback", "total")

@@ -99,7 +99,8 @@ module Rebound
         Rebound.log("error", "rebound.fallback_failed", queue: f["queue"], error: e.inspect[0, 300])
         {"decision" => "DECISION_RETRY", "delayMs" => LAST_RESORT_DELAY_MS, "source" => "last_resort",
          "disposition" => "DISPOSITION_UNSPECIFIED", "deadLetterQueue" => "",
-         "reason" => "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage" => ""}
+         "reason" => "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage" => "",
+         "budgetStretched" => false, "budgetDelayMs" => 0}
       end
     end
 
@@ -142,6 +143,7 @@ module Rebound
       {
         "decision" => res.decision.to_s, "delayMs" => res.delay_ms, "disposition" => res.disposition.to_s,
         "deadLetterQueue" => res.dead_letter_queue, "reason" => res.reason.to_s, "reasonMessage" => res.reason_message,
+        "budgetStretched" => res.budget_stretched, "budgetDelayMs" => res.budget_delay_ms,
         "policy" => {"name" => res.policy&.name.to_s, "namespace" => res.policy&.namespace.to_s,
                      "generation" => res.policy&.generation.to_i, "configHash" => res.policy&.config_hash.to_s},
       }
@@ -183,6 +185,9 @@ module Rebound
         ctx["nowUnixMs"] = (Time.now.to_r * 1000).to_i
         a = Decide.decide_prepared(cached ? cached[2] : @default, f["attempt"], ctx)
         a["source"] = cached ? "fallback" : "default"
+        # A retry budget is one sidecar's schedule: a local answer is never stretched.
+        a["budgetStretched"] = false
+        a["budgetDelayMs"] = 0
         count("fallback", cause)
         count("fallback", "total")
         count("fallback", "default_policy") unless cached

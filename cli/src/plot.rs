@@ -6,9 +6,8 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context as _, Result, bail};
 use rebound_policy::{
-    Decision, Policy, Simulation,
+    Policy, Simulation,
     contention::{ContentionRun, simulate_contention},
-    decide::{Context, Draws, Replay, decide_with, mix64},
     duration::format_approx,
     simulate,
 };
@@ -106,27 +105,7 @@ pub fn write(svg: &str, out: Option<&PathBuf>) -> Result<ExitCode> {
 /// percentiles are this list's.
 pub fn give_up_times(policy: &Policy, samples: u32, seed: u64) -> Vec<u64> {
     let mut out: Vec<u64> = (0..samples)
-        .map(|sample| {
-            let draws = Draws::from_seed(mix64(
-                seed ^ u64::from(sample).wrapping_mul(0xA24B_AED4_963E_E407),
-            ));
-            let mut replay = Replay::default();
-            let (mut elapsed, mut attempt) = (0u64, 1u32);
-            loop {
-                let ctx = Context {
-                    first_failure_ms: Some(0),
-                    now_ms: Some(elapsed),
-                    ..Context::default()
-                };
-                match decide_with(policy, attempt, &ctx, &draws, &mut replay) {
-                    Decision::Retry { delay_ms } => {
-                        elapsed = elapsed.saturating_add(delay_ms);
-                        attempt += 1;
-                    }
-                    Decision::GiveUp { .. } => return elapsed,
-                }
-            }
-        })
+        .map(|sample| simulate::fail_every_run(policy, sample, seed, |_, _| {}).0)
         .collect();
     out.sort_unstable();
     out

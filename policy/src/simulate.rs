@@ -55,6 +55,43 @@ pub struct Simulation {
     pub terminal: Disposition,
 }
 
+/// The deterministic draws of simulated job `sample` under `seed`: [`simulate`],
+/// [`fail_every_run`] and [`simulate_budget`] give job `sample` the same jitter.
+pub fn sample_draws(seed: u64, sample: u32) -> Draws {
+    Draws::from_seed(mix64(
+        seed ^ u64::from(sample).wrapping_mul(0xA24B_AED4_963E_E407),
+    ))
+}
+
+/// Runs simulated job `sample` that fails every run, first failure at 0 and runs taking no
+/// time: `on_retry(attempt that failed, delay_ms)` for each retry; returns the time of the
+/// decision to give up and its reason.
+pub fn fail_every_run(
+    policy: &Policy,
+    sample: u32,
+    seed: u64,
+    mut on_retry: impl FnMut(u32, u64),
+) -> (u64, GiveUpReason) {
+    let draws = sample_draws(seed, sample);
+    let mut replay = Replay::default();
+    let (mut elapsed, mut attempt) = (0u64, 1u32);
+    loop {
+        let ctx = Context {
+            first_failure_ms: Some(0),
+            now_ms: Some(elapsed),
+            ..Context::default()
+        };
+        match decide_with(policy, attempt, &ctx, &draws, &mut replay) {
+            Decision::Retry { delay_ms } => {
+                on_retry(attempt, delay_ms);
+                elapsed = elapsed.saturating_add(delay_ms);
+                attempt += 1;
+            }
+            Decision::GiveUp { reason, .. } => return (elapsed, reason),
+        }
+    }
+}
+
 /// Simulates `samples` jobs that fail every run, each with its own deterministic draws
 /// derived from `seed`. With `per_retry`, also collects statistics for every retry.
 pub fn simulate(policy: &Policy, samples: u32, seed: u64, per_retry: bool) -> Simulation {
@@ -71,34 +108,14 @@ pub fn simulate(policy: &Policy, samples: u32, seed: u64, per_retry: bool) -> Si
     let mut reasons = GiveUpCounts::default();
 
     for sample in 0..samples {
-        let draws = Draws::from_seed(mix64(
-            seed ^ u64::from(sample).wrapping_mul(0xA24B_AED4_963E_E407),
-        ));
-        let mut replay = Replay::default();
-        let mut elapsed: u64 = 0;
-        let mut attempt: u32 = 1;
-        loop {
-            let ctx = Context {
-                first_failure_ms: Some(0),
-                now_ms: Some(elapsed),
-                ..Context::default()
-            };
-            match decide_with(policy, attempt, &ctx, &draws, &mut replay) {
-                Decision::Retry { delay_ms } => {
-                    if let Some(slot) = delays.get_mut(attempt as usize - 1) {
-                        slot.push(delay_ms);
-                    }
-                    elapsed = elapsed.saturating_add(delay_ms);
-                    attempt += 1;
-                }
-                Decision::GiveUp { reason, .. } => {
-                    match reason {
-                        GiveUpReason::Deadline { .. } => reasons.deadline += 1,
-                        _ => reasons.max_attempts += 1,
-                    }
-                    break;
-                }
+        let (elapsed, reason) = fail_every_run(policy, sample, seed, |attempt, delay_ms| {
+            if let Some(slot) = delays.get_mut(attempt as usize - 1) {
+                slot.push(delay_ms);
             }
+        });
+        match reason {
+            GiveUpReason::Deadline { .. } => reasons.deadline += 1,
+            _ => reasons.max_attempts += 1,
         }
         give_up_after.push(elapsed);
     }
@@ -183,13 +200,7 @@ pub fn simulate_budget(policy: &Policy, jobs: u32, seed: u64) -> Option<BudgetSi
     let retries_per_job = params.max_attempts.saturating_sub(1) as usize;
     let fit = MAX_DECISIONS / retries_per_job.max(1);
     let jobs = jobs.clamp(1, u32::try_from(fit).unwrap_or(u32::MAX));
-    let draws: Vec<Draws> = (0..jobs)
-        .map(|j| {
-            Draws::from_seed(mix64(
-                seed ^ u64::from(j).wrapping_mul(0xA24B_AED4_963E_E407),
-            ))
-        })
-        .collect();
+    let draws: Vec<Draws> = (0..jobs).map(|j| sample_draws(seed, j)).collect();
     let mut replays: Vec<Replay> = (0..jobs).map(|_| Replay::default()).collect();
     let mut scheduler = Scheduler::new(budget);
     // (time the failed run happened, job, attempt that failed), earliest first; the job

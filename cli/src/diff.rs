@@ -36,6 +36,8 @@ struct Side {
     namespace: String,
     queues: Vec<String>,
     spec: Value,
+    /// What the sidecar answers from: the policy with every default applied.
+    resolved: rebound_policy::ResolvedPolicy,
     sim: Simulation,
     storm: Vec<ContentionRun>,
 }
@@ -45,6 +47,7 @@ fn side(p: &RetryPolicy, namespace: &str, args: &DiffArgs) -> Result<Side> {
     Ok(Side {
         queues: p.spec.queues.clone(),
         spec: serde_json::to_value(&p.spec)?,
+        resolved: policy.params().clone(),
         sim: simulate(&policy, args.samples, args.seed, true),
         storm: args
             .clients
@@ -198,6 +201,17 @@ fn document(pairs: &[(Option<Side>, Option<Side>)], args: &DiffArgs) -> Value {
             if let Some(Value::Number(c)) = counts.get_mut(status) {
                 *c = (c.as_u64().unwrap_or(0) + 1).into();
             }
+            // A spec written differently (a default spelled out) that compiles to the same
+            // policy for the same queues under the same name (jitter is keyed on it): every
+            // answer stays the same.
+            let same_behaviour = match (old, new) {
+                (Some(o), Some(n)) => {
+                    o.resolved == n.resolved
+                        && o.queues == n.queues
+                        && (&o.namespace, &o.name) == (&n.namespace, &n.name)
+                }
+                _ => false,
+            };
             let current = new.or(old).expect("a pair has a side");
             json!({
                 "name": current.name,
@@ -208,6 +222,7 @@ fn document(pairs: &[(Option<Side>, Option<Side>)], args: &DiffArgs) -> Value {
                     _ => Value::Null,
                 },
                 "fields": fields,
+                "sameBehaviour": same_behaviour,
                 "schedule": schedule(old, new),
                 "giveUpAfter": {"old": give_up(old), "new": give_up(new)},
                 "storm": storm(old, new, &args.clients),
@@ -291,6 +306,12 @@ fn markdown(doc: &Value) -> String {
             p["namespace"].as_str().unwrap_or_default(),
             p["name"].as_str().unwrap_or_default()
         );
+        if p["sameBehaviour"] == true {
+            let _ = writeln!(
+                out,
+                "Same compiled policy: only how the spec is written changed; every answer stays the same.\n"
+            );
+        }
         let fields = p["fields"]
             .as_array()
             .map(Vec::as_slice)

@@ -186,6 +186,43 @@ fn diff_reports_fields_added_and_removed_policies_and_exits_1() {
 }
 
 #[test]
+fn diff_says_when_a_changed_spec_compiles_to_the_same_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let head = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: a}\nspec:\n  queues: [a]\n";
+    // The defaults written out (maxAttempts 10, full jitter for exponential), then a real change.
+    let versions = [
+        format!("{head}  backoff: {{base: 1s}}\n"),
+        format!("{head}  backoff: {{base: 1s, jitter: {{kind: full}}}}\n  maxAttempts: 10\n"),
+        format!("{head}  backoff: {{base: 1s}}\n  maxAttempts: 11\n"),
+    ];
+    let paths: Vec<_> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let path = dir.path().join(format!("v{i}.yaml"));
+            std::fs::write(&path, text).expect("write");
+            path.to_str().expect("path").to_owned()
+        })
+        .collect();
+    let diff = |new: &str| {
+        let out = rebound(&["diff", &paths[0], new, "-o", "json", "--clients", "10"]);
+        assert_eq!(out.status.code(), Some(1));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        doc["policies"][0].clone()
+    };
+    let spelled_out = diff(&paths[1]);
+    assert_eq!(spelled_out["status"], "changed");
+    assert_eq!(spelled_out["sameBehaviour"], true);
+    assert_eq!(
+        spelled_out["schedule"][0]["old"],
+        spelled_out["schedule"][0]["new"]
+    );
+    let real = diff(&paths[2]);
+    assert_eq!(real["sameBehaviour"], false);
+    assert_eq!(real["giveUpAfter"]["new"]["maxAttempts"], 11);
+}
+
+#[test]
 fn svgs_render_with_rsvg_convert_at_their_size_and_not_blank() {
     let dir = tempfile::tempdir().expect("tempdir");
     let svg = dir.path().join("s.svg");

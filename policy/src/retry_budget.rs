@@ -14,8 +14,9 @@
 //!
 //! Memory is bounded whatever the input: booked slots are held as runs (consecutive full
 //! slots with a possibly partial last one), slots in the past are forgotten, the number of
-//! runs is capped (past the cap, gaps are conservatively counted as full, which can only
-//! lower the rate), and the memo of answers is a fixed-capacity map evicting its oldest.
+//! runs is capped (at the cap, the runs with the smallest gaps between them are merged,
+//! those gaps counted as full, which can only lower the rate), and the memo of answers is a
+//! fixed-capacity map evicting its oldest.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -41,7 +42,7 @@ pub mod limits {
     pub const MAX_BOOK_AHEAD_MS: u64 = crate::duration::MAX_DURATION_MS;
     /// Answers remembered per policy for repeated questions.
     pub const MEMO_CAPACITY: usize = 65_536;
-    /// Runs of booked slots held per policy; past it, gaps between runs count as full.
+    /// Runs of booked slots held per policy; at it, the smallest gaps are merged as full.
     pub const MAX_RUNS: usize = 16_384;
 }
 
@@ -212,11 +213,11 @@ impl Scheduler {
         if let Some(key) = key
             && let Some(answer) = self.memo.get(key)
         {
-            return answer.expand(policy);
+            return answer.expand(policy, ask.now_ms);
         }
         let answer = self.book(policy, delay_ms, ask);
         if let Some(key) = key {
-            self.memo.insert(key, Remembered::of(&answer));
+            self.memo.insert(key, Remembered::of(&answer, ask.now_ms));
         }
         answer
     }
@@ -227,6 +228,9 @@ impl Scheduler {
         let wanted = now.saturating_add(delay_ms);
         let first = self.budget.slot_of(wanted);
         let slot = self.slots.find_free(first);
+        // Past the last representable millisecond (or the last slot number, which has no
+        // end to book up to): past the horizon.
+        let slot_past_horizon = slot == u64::MAX || slot > self.budget.slot_of(u64::MAX);
         let at = if slot == first {
             wanted
         } else {
@@ -243,7 +247,7 @@ impl Scheduler {
             None => (limits::MAX_BOOK_AHEAD_MS, 0),
         };
         let next_start = from.saturating_add(stretched_delay);
-        if added_ms > 0 && next_start > limit {
+        if slot_past_horizon || (added_ms > 0 && next_start > limit) {
             return Budgeted {
                 decision: Decision::GiveUp {
                     disposition: policy.terminal.clone(),
@@ -334,11 +338,12 @@ impl Slots {
                 self.set(start, slot.saturating_add(1), 1);
                 start
             }
-            _ if self.runs.len() < self.max_runs => {
+            _ if self.runs.len() < self.max_runs || self.compact() => {
                 self.set(slot, slot.saturating_add(1), 1);
                 slot
             }
-            // Out of runs: the gap up to `slot` is counted as full (conservative).
+            // Out of runs even after compacting (a cap of one run): the gap up to `slot`
+            // is counted as full (conservative).
             Some((start, _)) => {
                 self.set(start, slot.saturating_add(1), 1);
                 start
@@ -355,6 +360,44 @@ impl Slots {
             }
         };
         self.merge_after(start);
+    }
+
+    /// At the run cap: merges the runs separated by the smallest gaps until a quarter of
+    /// the cap is free, counting those gaps as full (conservative: it can only slow
+    /// retries down, by at most the merged gaps, the shortest there were). Runs once per
+    /// quarter of the cap new runs, so its O(n log n) is O(log n) per booking. False when
+    /// nothing can be merged.
+    fn compact(&mut self) -> bool {
+        let target = (self.max_runs - self.max_runs / 4).min(self.max_runs - 1);
+        if target == 0 || self.runs.len() < 2 {
+            return false;
+        }
+        let runs: Vec<(u64, Run)> = self.runs.iter().map(|(s, r)| (*s, *r)).collect();
+        let merges = runs.len() - target;
+        // Gap i lies between run i and run i + 1; merge the `merges` smallest (ties by
+        // position, so the result is a function of the book alone).
+        let mut gaps: Vec<(u64, usize)> = runs
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| (w[1].0 - w[0].1.end, i))
+            .collect();
+        gaps.select_nth_unstable(merges - 1);
+        let mut merge_after = vec![false; runs.len()];
+        for &(_, i) in &gaps[..merges] {
+            merge_after[i] = true;
+        }
+        self.runs.clear();
+        let mut current = runs[0];
+        for (i, next) in runs.into_iter().enumerate().skip(1) {
+            if merge_after[i - 1] {
+                current.1 = next.1;
+            } else {
+                self.runs.insert(current.0, current.1);
+                current = next;
+            }
+        }
+        self.runs.insert(current.0, current.1);
+        self.runs.len() < self.max_runs
     }
 
     fn set(&mut self, start: u64, end: u64, fill: u32) {
@@ -378,18 +421,19 @@ impl Slots {
 }
 
 /// An answer as the memo keeps it: numbers only (the disposition is the policy's), so an
-/// entry is a few words whatever the policy.
+/// entry is a few words whatever the policy. A retry is kept as the time it runs, the
+/// time its slot was booked for, so a repeat asked later still runs in that slot.
 #[derive(Clone, Copy, Debug)]
 enum Remembered {
-    Retry { delay_ms: u64, added_ms: u64 },
+    Retry { at_ms: u64, added_ms: u64 },
     Deadline { limit_ms: u64, next_start_ms: u64 },
 }
 
 impl Remembered {
-    fn of(answer: &Budgeted) -> Self {
+    fn of(answer: &Budgeted, now_ms: u64) -> Self {
         match &answer.decision {
             Decision::Retry { delay_ms } => Self::Retry {
-                delay_ms: *delay_ms,
+                at_ms: now_ms.saturating_add(*delay_ms),
                 added_ms: answer.added_ms,
             },
             // `book` gives up only at the deadline; any other reason is kept as one too
@@ -410,15 +454,19 @@ impl Remembered {
         }
     }
 
-    /// The identical answer again, marked as a repeat.
-    fn expand(self, policy: &ResolvedPolicy) -> Budgeted {
+    /// The same answer again, at `now_ms`, marked as a repeat: a retry runs at the time
+    /// booked for it (now, if that has passed).
+    fn expand(self, policy: &ResolvedPolicy, now_ms: u64) -> Budgeted {
         match self {
-            Self::Retry { delay_ms, added_ms } => Budgeted {
-                decision: Decision::Retry { delay_ms },
-                added_ms,
-                stretched: added_ms > 0,
-                repeat: true,
-            },
+            Self::Retry { at_ms, added_ms } => {
+                let delay_ms = at_ms.saturating_sub(now_ms);
+                Budgeted {
+                    decision: Decision::Retry { delay_ms },
+                    added_ms: added_ms.min(delay_ms),
+                    stretched: added_ms > 0,
+                    repeat: true,
+                }
+            }
             Self::Deadline {
                 limit_ms,
                 next_start_ms,

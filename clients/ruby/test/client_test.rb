@@ -26,7 +26,11 @@ class ClientTest < Minitest::Test
     rb = advisor(deadline_ms: 2000)
     assert rb.refresh("budgeted")
     # One retry a second: three failures answered within a few ms share at most two slots.
-    answers = (0..2).map { |j| rb.decide("budgeted", 1, job_id: "budget-#{j}") }
+    asked_last = nil
+    answers = (0..2).map do |j|
+      asked_last = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      rb.decide("budgeted", 1, job_id: "budget-#{j}")
+    end
     answers.each do |a|
       assert_equal %w[sidecar DECISION_RETRY], a.values_at("source", "decision")
       assert_equal 100 + a["budgetDelayMs"], a["delayMs"]
@@ -34,8 +38,12 @@ class ClientTest < Minitest::Test
       assert_operator a["budgetDelayMs"], :<=, 2000
     end
     assert_operator answers.count { |a| a["budgetStretched"] }, :>=, 1
+    # The same failure asked again: the same run time (its delay counted from now), no new slot.
     again = rb.decide("budgeted", 1, job_id: "budget-2")
-    assert_equal answers[2].values_at("delayMs", "budgetStretched"), again.values_at("delayMs", "budgetStretched")
+    between_ms = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - asked_last) * 1000
+    assert_equal answers[2]["budgetStretched"], again["budgetStretched"]
+    assert_operator answers[2]["delayMs"] - again["delayMs"], :>=, 0
+    assert_operator answers[2]["delayMs"] - again["delayMs"], :<=, between_ms + 1
   end
 
   def test_frozen_sidecar_answered_by_the_fallback_within_the_deadline

@@ -213,10 +213,9 @@ fn a_repeated_question_gets_the_same_answer_and_no_slot() {
     let stretched = s.apply(&p, retry(0), &ask("b", 10_000));
     assert!(stretched.stretched);
     let again = s.apply(&p, retry(0), &ask("b", 10_002));
-    assert_eq!(
-        (again.decision.clone(), again.added_ms),
-        (stretched.decision.clone(), stretched.added_ms)
-    );
+    // The same answer: the same run time (so the same slot), counted from the repeat's now.
+    assert_eq!(10_002 + delay(&again), 10_000 + delay(&stretched));
+    assert_eq!(again.stretched, stretched.stretched);
     assert!(again.repeat && !stretched.repeat);
     // The next new job goes after b's slot: b's repeat did not take one.
     let c = s.apply(&p, retry(0), &ask("c", 10_002));
@@ -240,6 +239,47 @@ fn a_repeated_question_gets_the_same_answer_and_no_slot() {
     let x = s.apply(&p, retry(0), &anon(10_002));
     let y = s.apply(&p, retry(0), &anon(10_002));
     assert_ne!(x.decision, y.decision);
+}
+
+/// A repeat arriving later must not move its retry into a later (possibly full) slot.
+#[test]
+fn a_late_repeat_keeps_its_booked_slot() {
+    let b = budget(10, 1); // 100 ms slots
+    let mut s = Scheduler::new(b);
+    let p = policy(None);
+    let a = s.apply(&p, retry(1_099), &ask("a", 0)); // slot 10
+    let other = s.apply(&p, retry(1_100), &ask("b", 0)); // slot 11
+    assert_eq!((b.slot_of(delay(&a)), b.slot_of(delay(&other))), (10, 11));
+    let again = s.apply(&p, retry(1_099), &ask("a", 2));
+    assert!(again.repeat);
+    assert_eq!(b.slot_of(2 + delay(&again)), 10);
+    // Asked again after its run time: now.
+    assert_eq!(delay(&s.apply(&p, retry(1_099), &ask("a", 5_000))), 0);
+}
+
+/// At the run cap, merging must not count a long stretch of free slots as full.
+#[test]
+fn the_run_cap_costs_little_delay() {
+    let mut s = Scheduler::with_capacity(budget(1_000, 1), 0, 2);
+    let (p, n) = (policy(None), 1_000_000);
+    s.apply(&p, retry(10_000), &ask("", n));
+    s.apply(&p, retry(10_002), &ask("", n));
+    s.apply(&p, retry(0), &ask("", n));
+    assert!(delay(&s.apply(&p, retry(0), &ask("", n))) <= 1);
+    // A storm's retries spread thinly over an hour, then new failures wanting "now".
+    let mut s = Scheduler::with_capacity(budget(1_000, 1), 0, 256);
+    let mut rng = Rng(7);
+    for _ in 0..2_000 {
+        s.apply(&p, retry(60_000 + rng.below(3_600_000)), &ask("", n));
+        assert!(s.runs() <= 256);
+    }
+    let mut per_slot: HashMap<u64, u32> = HashMap::new();
+    for i in 0..100u64 {
+        let d = delay(&s.apply(&p, retry(i * 10), &ask("", n)));
+        assert!(d <= i * 10 + 100, "retry {i}: {d} ms");
+        *per_slot.entry(n + d).or_default() += 1;
+    }
+    assert!(per_slot.values().all(|&c| c == 1));
 }
 
 #[test]
@@ -397,18 +437,36 @@ fn extreme_inputs_do_not_panic() {
         budget(1, 100_000),
         budget(0, 0),
         budget(u32::MAX, 1),
+        budget(1_000, 1),
+        budget(10, 1),
     ] {
         let mut s = Scheduler::new(b);
+        let mut per_slot: HashMap<u64, u32> = HashMap::new();
+        // In time order: a clock stepping back may rebook forgotten slots (documented).
         for (now, d) in [
             (0, 0),
-            (u64::MAX, u64::MAX),
-            (u64::MAX - 1, 0),
             (0, u64::MAX),
             (5, 7),
+            (u64::MAX - 1, 0),
+            (u64::MAX, 0),
+            (u64::MAX, u64::MAX),
         ] {
-            for job in ["a", "b"] {
-                let _ = s.apply(&p, retry(d), &ask(job, now));
+            for k in 0..5 {
+                let job = format!("{now}-{d}-{k}");
+                if let Decision::Retry { delay_ms } =
+                    s.apply(&p, retry(d), &ask(&job, now)).decision
+                {
+                    *per_slot
+                        .entry(b.slot_of(now.saturating_add(delay_ms)))
+                        .or_default() += 1;
+                }
             }
+        }
+        if b.check().is_ok() {
+            assert!(
+                per_slot.values().all(|&c| c <= b.burst),
+                "{b:?}: {per_slot:?}"
+            );
         }
         let _ = b.to_string();
     }

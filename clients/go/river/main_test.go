@@ -78,6 +78,15 @@ spec:
   backoff: {strategy: constant, base: 200ms, jitter: {kind: none}}
   maxAttempts: 3
   terminal: {action: deadLetter, deadLetterQueue: crash-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: rescued}
+spec:
+  queues: ["rescued"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 2
+  terminal: {action: deadLetter, deadLetterQueue: rescued-dead}
 `
 
 func TestMain(m *testing.M) {
@@ -188,6 +197,7 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	river.AddWorker(workers, failWorker{})
 	river.AddWorker(workers, &sleepWorker{})
 	river.AddWorker(workers, panicWorker{})
+	river.AddWorker(workers, &blockWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,

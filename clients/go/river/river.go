@@ -8,7 +8,8 @@
 //     "rebound" and returns river.JobCancel, so the job ends in state `cancelled`; on
 //     RETRY it keeps the delay for
 //   - the RetryPolicy, whose NextRetry is now + that delay. For jobs the middleware did not
-//     see fail (River's rescuer retrying a job whose worker died), NextRetry asks itself.
+//     see fail (River's rescuer retrying a job whose worker died), NextRetry asks itself,
+//     and if Rebound gave up, the middleware cancels the job before its next run.
 //
 // River's own MaxAttempts is set to rebound.LibraryAttempts so it never decides.
 package reboundriver
@@ -206,8 +207,35 @@ func reasonName(r pb.GiveUpReason) string {
 	}
 }
 
-// Work runs the job; after a failure it asks Rebound and carries out a give-up.
+// rescuedError is the error River's rescuer records for a run whose worker vanished.
+const rescuedError = "Stuck job rescued by JobRescuer"
+
+// rescuedAttempt is the attempt River's rescuer last rescued, if the job's latest error is
+// the rescuer's (its worker died mid-run, and the middleware never saw that run fail).
+func rescuedAttempt(job *rivertype.JobRow) (rivertype.AttemptError, bool) {
+	if len(job.Errors) == 0 {
+		return rivertype.AttemptError{}, false
+	}
+	last := job.Errors[len(job.Errors)-1]
+	return last, last.Error == rescuedError && last.Trace == "" && last.Attempt > 0 && last.Attempt < job.Attempt
+}
+
+// Work runs the job; after a failure it asks Rebound and carries out a give-up. A job
+// River's rescuer put back after Rebound gave up on the rescued run is given up here,
+// before it runs: its next run could die as well and never reach the failure path.
 func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) (err error) {
+	if last, ok := rescuedAttempt(job); ok {
+		now := time.Now()
+		f := rebound.Failure{
+			Queue:        job.Queue,
+			Attempt:      last.Attempt,
+			JobID:        strconv.FormatInt(job.ID, 10),
+			FirstFailure: firstFailure(job, now),
+		}
+		if ans := a.client.Decide(context.WithoutCancel(ctx), f); !ans.Retry() {
+			return a.giveUp(ctx, job, f, ans, "", errors.New(last.Error), now)
+		}
+	}
 	func() {
 		// A panic becomes an error here, so that it is decided like any failure.
 		defer func() {
@@ -245,17 +273,26 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		a.mu.Unlock()
 		return err
 	}
+	return a.giveUp(ctx, job, f, ans, "", err, now)
+}
+
+// giveUp records the give-up in metadata.rebound and cancels the job. reason, when set,
+// replaces the answer's (the answer was not a give-up but the job cannot run again).
+func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.Failure, ans rebound.Answer, reason string, err error, now time.Time) error {
 	g := GiveUp{
 		Disposition:   DispositionDrop,
 		Reason:        reasonName(ans.Reason),
 		ReasonMessage: ans.ReasonMessage,
 		ConfigHash:    ans.Policy.GetConfigHash(),
 		Queue:         job.Queue,
-		Attempt:       job.Attempt,
+		Attempt:       f.Attempt,
 		ErrorClass:    f.ErrorClass,
 		Error:         err.Error(),
 		Source:        string(ans.Source),
 		At:            now.UTC(),
+	}
+	if reason != "" {
+		g.Reason = reason
 	}
 	if ans.Policy.GetName() != "" {
 		g.Policy = ans.Policy.GetNamespace() + "/" + ans.Policy.GetName()
@@ -276,7 +313,7 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 
 // NextRetry is River's retry policy: now + the delay the middleware was told for this
 // attempt. Otherwise (a rescued job) it asks Rebound itself; a give-up there becomes one
-// more run right away, whose failure the middleware then carries out.
+// more run right away, which the middleware gives up before it starts (see Work).
 func (a *Adapter) NextRetry(job *rivertype.JobRow) time.Time {
 	a.mu.Lock()
 	p, ok := a.pending[job.ID]

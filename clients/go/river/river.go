@@ -33,6 +33,10 @@ import (
 // MetadataKey is the job-metadata key holding a give-up's record.
 const MetadataKey = "rebound"
 
+// ReasonLibraryMaxAttempts is the record's reason when Rebound said RETRY but River's own
+// MaxAttempts for the job (below the policy's) was reached first.
+const ReasonLibraryMaxAttempts = "library_max_attempts"
+
 // Disposition values in the metadata record.
 const (
 	DispositionDeadLetter = "dead_letter"
@@ -45,7 +49,7 @@ type GiveUp struct {
 	Disposition string `json:"disposition"`
 	// DeadLetterQueue is the policy's dead-letter queue (dead_letter only).
 	DeadLetterQueue string `json:"dead_letter_queue,omitempty"`
-	// Reason is "max_attempts", "deadline" or "non_retryable".
+	// Reason is "max_attempts", "deadline", "non_retryable" or "library_max_attempts".
 	Reason        string `json:"reason"`
 	ReasonMessage string `json:"reason_message"`
 	// Policy is "namespace/name" of the policy that decided ("" for the default policy).
@@ -267,6 +271,13 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		RetryAfter:   a.safeRetryAfter(err),
 	}
 	ans := a.client.Decide(context.WithoutCancel(ctx), f)
+	if ans.Retry() && job.MaxAttempts > 0 && job.Attempt >= job.MaxAttempts {
+		// River would discard the job (no record) without asking the retry policy: the
+		// job was inserted with a MaxAttempts below its policy's. Give up the policy's way.
+		a.client.HookError(job.Queue, f.JobID, "maxAttempts", fmt.Errorf(
+			"river's MaxAttempts %d reached before the policy's maxAttempts; insert with the adapter's MaxAttempts (Configure)", job.MaxAttempts))
+		return a.giveUp(ctx, job, f, a.terminal(job.Queue, ans), ReasonLibraryMaxAttempts, err, now)
+	}
 	if ans.Retry() {
 		a.mu.Lock()
 		a.pending[job.ID] = pendingRetry{attempt: job.Attempt, delay: ans.Delay}
@@ -274,6 +285,19 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		return err
 	}
 	return a.giveUp(ctx, job, f, ans, "", err, now)
+}
+
+// terminal turns a RETRY answer into the give-up of the queue's policy (its terminal
+// action), for a job that cannot run again.
+func (a *Adapter) terminal(queue string, ans rebound.Answer) rebound.Answer {
+	_, p := a.client.Policy(queue)
+	if p == nil {
+		p = rebound.DefaultPolicy()
+	}
+	ans.Decision = pb.Decision_DECISION_GIVE_UP
+	ans.Disposition, ans.DeadLetterQueue = p.GetTerminal(), p.GetDeadLetterQueue()
+	ans.ReasonMessage = fmt.Sprintf("Rebound would retry, but River's MaxAttempts for the job was reached first (policy maxAttempts %d)", p.GetMaxAttempts())
+	return ans
 }
 
 // giveUp records the give-up in metadata.rebound and cancels the job. reason, when set,

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
@@ -212,4 +213,31 @@ func contains(xs []int64, x int64) bool {
 		}
 	}
 	return false
+}
+
+// A job inserted with a MaxAttempts (3) below its policy's (5), as a producer not using
+// Configure or the adapter's defaults may do: River would discard it when Rebound says
+// RETRY at its last attempt. The adapter gives up instead, the policy's way.
+func TestRiverMaxAttemptsBelowPolicysIsGivenUp(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "gaps")
+	c := startRiver(t, rb, "gaps")
+	res, err := c.Insert(context.Background(), FailArgs{FailTimes: -1}, &river.InsertOpts{Queue: "gaps", MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := waitFinal(t, c, res.Job.ID, 60*time.Second)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 3 || len(job.Errors) != 3 {
+		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
+	}
+	g := giveUpOf(t, job)
+	if g == nil {
+		t.Fatalf("no metadata.rebound: %s", job.Metadata)
+	}
+	if g.Reason != reboundriver.ReasonLibraryMaxAttempts || g.Disposition != reboundriver.DispositionDeadLetter ||
+		g.DeadLetterQueue != "gaps-dead" || g.Policy != "gotest/gaps" || g.Attempt != 3 || g.ReasonMessage == "" {
+		t.Fatalf("give-up %+v", g)
+	}
+	if m := rb.Metrics(); m.HookErrors != 1 || m.DeadLettered != 1 {
+		t.Fatalf("metrics %+v", m)
+	}
 }

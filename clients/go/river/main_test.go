@@ -87,6 +87,15 @@ spec:
   backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
   maxAttempts: 2
   terminal: {action: deadLetter, deadLetterQueue: rescued-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: stopping}
+spec:
+  queues: ["stopping"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 1
+  terminal: {action: deadLetter, deadLetterQueue: stopping-dead}
 `
 
 func TestMain(m *testing.M) {
@@ -198,6 +207,7 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	river.AddWorker(workers, &sleepWorker{})
 	river.AddWorker(workers, panicWorker{})
 	river.AddWorker(workers, &blockWorker{})
+	river.AddWorker(workers, causeWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,

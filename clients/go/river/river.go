@@ -257,7 +257,7 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	if errors.As(err, &cancel) || errors.As(err, &snooze) {
 		return err
 	}
-	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+	if softStop(ctx, err) {
 		// River's soft stop (the run does not count) or a cancelled run: NextRetry decides.
 		return err
 	}
@@ -298,6 +298,20 @@ func (a *Adapter) terminal(queue string, ans rebound.Answer) rebound.Answer {
 	ans.Disposition, ans.DeadLetterQueue = p.GetTerminal(), p.GetDeadLetterQueue()
 	ans.ReasonMessage = fmt.Sprintf("Rebound would retry, but River's MaxAttempts for the job was reached first (policy maxAttempts %d)", p.GetMaxAttempts())
 	return ans
+}
+
+// softStop tells whether the run ended because its context was cancelled: the error is
+// context.Canceled or the context's cause (River's stop cancels with a cause of its own,
+// which context-aware code returns). A timeout (cause DeadlineExceeded) is a failure.
+func softStop(ctx context.Context, err error) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	if errors.Is(err, context.Canceled) {
+		return true
+	}
+	cause := context.Cause(ctx)
+	return !errors.Is(cause, context.DeadlineExceeded) && errors.Is(err, cause)
 }
 
 // giveUp records the give-up in metadata.rebound and cancels the job. reason, when set,

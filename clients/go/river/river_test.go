@@ -2,6 +2,7 @@ package reboundriver_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -239,5 +240,73 @@ func TestRiverMaxAttemptsBelowPolicysIsGivenUp(t *testing.T) {
 	}
 	if m := rb.Metrics(); m.HookErrors != 1 || m.DeadLettered != 1 {
 		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// CauseArgs: a job whose run waits for its context to end and returns its cause, as
+// context-aware code does (River's stop cancels with a cause of its own).
+type CauseArgs struct{}
+
+func (CauseArgs) Kind() string { return "rebound_test_cause" }
+
+type causeWorker struct {
+	river.WorkerDefaults[CauseArgs]
+}
+
+func (causeWorker) Work(ctx context.Context, job *river.Job[CauseArgs]) error {
+	if err := os.WriteFile(runMark(job.ID, job.Attempt), nil, 0o644); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return context.Cause(ctx)
+}
+
+// StopAndCancel during a run that returns context.Cause(ctx): River does not count the
+// run (soft stop), so Rebound is not asked, and a policy of maxAttempts 1 does not give up.
+func TestSoftStopWithCauseIsNotDecided(t *testing.T) {
+	t.Setenv(runsDirEnv, t.TempDir())
+	rb := newRebound(t, sidecar.Target, "stopping")
+	c := startRiver(t, rb, "stopping")
+	id := insert(t, c, "stopping", CauseArgs{})
+	end := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(runMark(id, 1)); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %d did not start", id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.StopAndCancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	job, err := c.JobGet(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.State != rivertype.JobStateAvailable || giveUpOf(t, job) != nil {
+		t.Fatalf("state %s attempt %d metadata %s", job.State, job.Attempt, job.Metadata)
+	}
+	if m := rb.Metrics(); m.Decisions.GiveUpMaxAttempts != 0 || m.Decisions.Retry != 0 {
+		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// A run that River's JobTimeout (2s here) ends, returning context.Cause(ctx)
+// (DeadlineExceeded), is a failure Rebound decides: maxAttempts 1 gives up.
+func TestTimeoutWithCauseIsDecided(t *testing.T) {
+	t.Setenv(runsDirEnv, t.TempDir())
+	rb := newRebound(t, sidecar.Target, "stopping")
+	c := startRiver(t, rb, "stopping")
+	id := insert(t, c, "stopping", CauseArgs{})
+	job := waitFinal(t, c, id, 30*time.Second)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 {
+		t.Fatalf("state %s attempt %d errors %+v", job.State, job.Attempt, job.Errors)
+	}
+	if g := giveUpOf(t, job); g == nil || g.Reason != "max_attempts" || g.DeadLetterQueue != "stopping-dead" {
+		t.Fatalf("give-up %+v", g)
 	}
 }

@@ -152,9 +152,11 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 // FailArgs: a job that fails its first FailTimes runs (all of them when negative) with
 // an error of class Class, then succeeds.
+// A first run with SleepMs sleeps that long before failing.
 type FailArgs struct {
 	FailTimes int    `json:"fail_times"`
 	Class     string `json:"class"`
+	SleepMs   int    `json:"sleep_ms,omitempty"`
 }
 
 func (FailArgs) Kind() string { return "rebound_test_fail" }
@@ -175,6 +177,9 @@ type failWorker struct {
 }
 
 func (failWorker) Work(_ context.Context, job *river.Job[FailArgs]) error {
+	if job.Attempt == 1 {
+		time.Sleep(time.Duration(job.Args.SleepMs) * time.Millisecond)
+	}
 	if job.Args.FailTimes < 0 || job.Attempt <= job.Args.FailTimes {
 		err := fmt.Errorf("run %d failed", job.Attempt)
 		if job.Args.Class != "" {

@@ -170,10 +170,14 @@ func Configure(cfg *river.Config, a *Adapter) {
 // Client is the rebound client the adapter asks.
 func (a *Adapter) Client() *rebound.Client { return a.client }
 
-// firstFailure is when the job first failed: its first recorded error, else now.
+// firstFailure is when the job's first failed run started: its first recorded error's At
+// (River records the run's start there), else this run's start, else now.
 func firstFailure(job *rivertype.JobRow, now time.Time) time.Time {
 	if len(job.Errors) > 0 && !job.Errors[0].At.IsZero() {
 		return job.Errors[0].At
+	}
+	if job.AttemptedAt != nil && !job.AttemptedAt.IsZero() && !job.AttemptedAt.After(now) {
+		return *job.AttemptedAt
 	}
 	return now
 }

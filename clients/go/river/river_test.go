@@ -310,3 +310,16 @@ func TestTimeoutWithCauseIsDecided(t *testing.T) {
 		t.Fatalf("give-up %+v", g)
 	}
 }
+
+// The first failure is when the first run started (as River records AttemptError.At),
+// not when it failed: a first run longer than maxRetryDuration (1.5s) gives up at once.
+func TestFirstFailureIsFirstRunsStart(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "deadline")
+	c := startRiver(t, rb, "deadline")
+	id := insert(t, c, "deadline", FailArgs{FailTimes: -1, SleepMs: 1600})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 || g == nil || g.Reason != "deadline" {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+}

@@ -78,6 +78,24 @@ spec:
   backoff: {strategy: constant, base: 200ms, jitter: {kind: none}}
   maxAttempts: 3
   terminal: {action: deadLetter, deadLetterQueue: crash-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: rescued}
+spec:
+  queues: ["rescued"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 2
+  terminal: {action: deadLetter, deadLetterQueue: rescued-dead}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: stopping}
+spec:
+  queues: ["stopping"]
+  backoff: {strategy: constant, base: 100ms, jitter: {kind: none}}
+  maxAttempts: 1
+  terminal: {action: deadLetter, deadLetterQueue: stopping-dead}
 `
 
 func TestMain(m *testing.M) {
@@ -134,9 +152,11 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 // FailArgs: a job that fails its first FailTimes runs (all of them when negative) with
 // an error of class Class, then succeeds.
+// A first run with SleepMs sleeps that long before failing.
 type FailArgs struct {
 	FailTimes int    `json:"fail_times"`
 	Class     string `json:"class"`
+	SleepMs   int    `json:"sleep_ms,omitempty"`
 }
 
 func (FailArgs) Kind() string { return "rebound_test_fail" }
@@ -157,6 +177,9 @@ type failWorker struct {
 }
 
 func (failWorker) Work(_ context.Context, job *river.Job[FailArgs]) error {
+	if job.Attempt == 1 {
+		time.Sleep(time.Duration(job.Args.SleepMs) * time.Millisecond)
+	}
 	if job.Args.FailTimes < 0 || job.Attempt <= job.Args.FailTimes {
 		err := fmt.Errorf("run %d failed", job.Attempt)
 		if job.Args.Class != "" {
@@ -188,6 +211,8 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	river.AddWorker(workers, failWorker{})
 	river.AddWorker(workers, &sleepWorker{})
 	river.AddWorker(workers, panicWorker{})
+	river.AddWorker(workers, &blockWorker{})
+	river.AddWorker(workers, causeWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,

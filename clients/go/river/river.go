@@ -8,7 +8,8 @@
 //     "rebound" and returns river.JobCancel, so the job ends in state `cancelled`; on
 //     RETRY it keeps the delay for
 //   - the RetryPolicy, whose NextRetry is now + that delay. For jobs the middleware did not
-//     see fail (River's rescuer retrying a job whose worker died), NextRetry asks itself.
+//     see fail (River's rescuer retrying a job whose worker died), NextRetry asks itself,
+//     and if Rebound gave up, the middleware cancels the job before its next run.
 //
 // River's own MaxAttempts is set to rebound.LibraryAttempts so it never decides.
 package reboundriver
@@ -32,6 +33,10 @@ import (
 // MetadataKey is the job-metadata key holding a give-up's record.
 const MetadataKey = "rebound"
 
+// ReasonLibraryMaxAttempts is the record's reason when Rebound said RETRY but River's own
+// MaxAttempts for the job (below the policy's) was reached first.
+const ReasonLibraryMaxAttempts = "library_max_attempts"
+
 // Disposition values in the metadata record.
 const (
 	DispositionDeadLetter = "dead_letter"
@@ -44,7 +49,7 @@ type GiveUp struct {
 	Disposition string `json:"disposition"`
 	// DeadLetterQueue is the policy's dead-letter queue (dead_letter only).
 	DeadLetterQueue string `json:"dead_letter_queue,omitempty"`
-	// Reason is "max_attempts", "deadline" or "non_retryable".
+	// Reason is "max_attempts", "deadline", "non_retryable" or "library_max_attempts".
 	Reason        string `json:"reason"`
 	ReasonMessage string `json:"reason_message"`
 	// Policy is "namespace/name" of the policy that decided ("" for the default policy).
@@ -165,10 +170,14 @@ func Configure(cfg *river.Config, a *Adapter) {
 // Client is the rebound client the adapter asks.
 func (a *Adapter) Client() *rebound.Client { return a.client }
 
-// firstFailure is when the job first failed: its first recorded error, else now.
+// firstFailure is when the job's first failed run started: its first recorded error's At
+// (River records the run's start there), else this run's start, else now.
 func firstFailure(job *rivertype.JobRow, now time.Time) time.Time {
 	if len(job.Errors) > 0 && !job.Errors[0].At.IsZero() {
 		return job.Errors[0].At
+	}
+	if job.AttemptedAt != nil && !job.AttemptedAt.IsZero() && !job.AttemptedAt.After(now) {
+		return *job.AttemptedAt
 	}
 	return now
 }
@@ -206,8 +215,35 @@ func reasonName(r pb.GiveUpReason) string {
 	}
 }
 
-// Work runs the job; after a failure it asks Rebound and carries out a give-up.
+// rescuedError is the error River's rescuer records for a run whose worker vanished.
+const rescuedError = "Stuck job rescued by JobRescuer"
+
+// rescuedAttempt is the attempt River's rescuer last rescued, if the job's latest error is
+// the rescuer's (its worker died mid-run, and the middleware never saw that run fail).
+func rescuedAttempt(job *rivertype.JobRow) (rivertype.AttemptError, bool) {
+	if len(job.Errors) == 0 {
+		return rivertype.AttemptError{}, false
+	}
+	last := job.Errors[len(job.Errors)-1]
+	return last, last.Error == rescuedError && last.Trace == "" && last.Attempt > 0 && last.Attempt < job.Attempt
+}
+
+// Work runs the job; after a failure it asks Rebound and carries out a give-up. A job
+// River's rescuer put back after Rebound gave up on the rescued run is given up here,
+// before it runs: its next run could die as well and never reach the failure path.
 func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) (err error) {
+	if last, ok := rescuedAttempt(job); ok {
+		now := time.Now()
+		f := rebound.Failure{
+			Queue:        job.Queue,
+			Attempt:      last.Attempt,
+			JobID:        strconv.FormatInt(job.ID, 10),
+			FirstFailure: firstFailure(job, now),
+		}
+		if ans := a.client.Decide(context.WithoutCancel(ctx), f); !ans.Retry() {
+			return a.giveUp(ctx, job, f, ans, "", errors.New(last.Error), now)
+		}
+	}
 	func() {
 		// A panic becomes an error here, so that it is decided like any failure.
 		defer func() {
@@ -225,7 +261,7 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	if errors.As(err, &cancel) || errors.As(err, &snooze) {
 		return err
 	}
-	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+	if softStop(ctx, err) {
 		// River's soft stop (the run does not count) or a cancelled run: NextRetry decides.
 		return err
 	}
@@ -239,23 +275,66 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		RetryAfter:   a.safeRetryAfter(err),
 	}
 	ans := a.client.Decide(context.WithoutCancel(ctx), f)
+	if ans.Retry() && job.MaxAttempts > 0 && job.Attempt >= job.MaxAttempts {
+		// River would discard the job (no record) without asking the retry policy: the
+		// job was inserted with a MaxAttempts below its policy's. Give up the policy's way.
+		a.client.HookError(job.Queue, f.JobID, "maxAttempts", fmt.Errorf(
+			"river's MaxAttempts %d reached before the policy's maxAttempts; insert with the adapter's MaxAttempts (Configure)", job.MaxAttempts))
+		return a.giveUp(ctx, job, f, a.terminal(job.Queue, ans), ReasonLibraryMaxAttempts, err, now)
+	}
 	if ans.Retry() {
 		a.mu.Lock()
 		a.pending[job.ID] = pendingRetry{attempt: job.Attempt, delay: ans.Delay}
 		a.mu.Unlock()
 		return err
 	}
+	return a.giveUp(ctx, job, f, ans, "", err, now)
+}
+
+// terminal turns a RETRY answer into the give-up of the queue's policy (its terminal
+// action), for a job that cannot run again.
+func (a *Adapter) terminal(queue string, ans rebound.Answer) rebound.Answer {
+	_, p := a.client.Policy(queue)
+	if p == nil {
+		p = rebound.DefaultPolicy()
+	}
+	ans.Decision = pb.Decision_DECISION_GIVE_UP
+	ans.Disposition, ans.DeadLetterQueue = p.GetTerminal(), p.GetDeadLetterQueue()
+	ans.ReasonMessage = fmt.Sprintf("Rebound would retry, but River's MaxAttempts for the job was reached first (policy maxAttempts %d)", p.GetMaxAttempts())
+	return ans
+}
+
+// softStop tells whether the run ended because its context was cancelled: the error is
+// context.Canceled or the context's cause (River's stop cancels with a cause of its own,
+// which context-aware code returns). A timeout (cause DeadlineExceeded) is a failure.
+func softStop(ctx context.Context, err error) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	if errors.Is(err, context.Canceled) {
+		return true
+	}
+	cause := context.Cause(ctx)
+	return !errors.Is(cause, context.DeadlineExceeded) && errors.Is(err, cause)
+}
+
+// giveUp records the give-up in metadata.rebound and cancels the job. reason, when set,
+// replaces the answer's (the answer was not a give-up but the job cannot run again).
+func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.Failure, ans rebound.Answer, reason string, err error, now time.Time) error {
 	g := GiveUp{
 		Disposition:   DispositionDrop,
 		Reason:        reasonName(ans.Reason),
 		ReasonMessage: ans.ReasonMessage,
 		ConfigHash:    ans.Policy.GetConfigHash(),
 		Queue:         job.Queue,
-		Attempt:       job.Attempt,
+		Attempt:       f.Attempt,
 		ErrorClass:    f.ErrorClass,
 		Error:         err.Error(),
 		Source:        string(ans.Source),
 		At:            now.UTC(),
+	}
+	if reason != "" {
+		g.Reason = reason
 	}
 	if ans.Policy.GetName() != "" {
 		g.Policy = ans.Policy.GetNamespace() + "/" + ans.Policy.GetName()
@@ -276,7 +355,7 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 
 // NextRetry is River's retry policy: now + the delay the middleware was told for this
 // attempt. Otherwise (a rescued job) it asks Rebound itself; a give-up there becomes one
-// more run right away, whose failure the middleware then carries out.
+// more run right away, which the middleware gives up before it starts (see Work).
 func (a *Adapter) NextRetry(job *rivertype.JobRow) time.Time {
 	a.mu.Lock()
 	p, ok := a.pending[job.ID]

@@ -2,10 +2,12 @@ package reboundriver_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
@@ -212,4 +214,112 @@ func contains(xs []int64, x int64) bool {
 		}
 	}
 	return false
+}
+
+// A job inserted with a MaxAttempts (3) below its policy's (5), as a producer not using
+// Configure or the adapter's defaults may do: River would discard it when Rebound says
+// RETRY at its last attempt. The adapter gives up instead, the policy's way.
+func TestRiverMaxAttemptsBelowPolicysIsGivenUp(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "gaps")
+	c := startRiver(t, rb, "gaps")
+	res, err := c.Insert(context.Background(), FailArgs{FailTimes: -1}, &river.InsertOpts{Queue: "gaps", MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := waitFinal(t, c, res.Job.ID, 60*time.Second)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 3 || len(job.Errors) != 3 {
+		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
+	}
+	g := giveUpOf(t, job)
+	if g == nil {
+		t.Fatalf("no metadata.rebound: %s", job.Metadata)
+	}
+	if g.Reason != reboundriver.ReasonLibraryMaxAttempts || g.Disposition != reboundriver.DispositionDeadLetter ||
+		g.DeadLetterQueue != "gaps-dead" || g.Policy != "gotest/gaps" || g.Attempt != 3 || g.ReasonMessage == "" {
+		t.Fatalf("give-up %+v", g)
+	}
+	if m := rb.Metrics(); m.HookErrors != 1 || m.DeadLettered != 1 {
+		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// CauseArgs: a job whose run waits for its context to end and returns its cause, as
+// context-aware code does (River's stop cancels with a cause of its own).
+type CauseArgs struct{}
+
+func (CauseArgs) Kind() string { return "rebound_test_cause" }
+
+type causeWorker struct {
+	river.WorkerDefaults[CauseArgs]
+}
+
+func (causeWorker) Work(ctx context.Context, job *river.Job[CauseArgs]) error {
+	if err := os.WriteFile(runMark(job.ID, job.Attempt), nil, 0o644); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return context.Cause(ctx)
+}
+
+// StopAndCancel during a run that returns context.Cause(ctx): River does not count the
+// run (soft stop), so Rebound is not asked, and a policy of maxAttempts 1 does not give up.
+func TestSoftStopWithCauseIsNotDecided(t *testing.T) {
+	t.Setenv(runsDirEnv, t.TempDir())
+	rb := newRebound(t, sidecar.Target, "stopping")
+	c := startRiver(t, rb, "stopping")
+	id := insert(t, c, "stopping", CauseArgs{})
+	end := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(runMark(id, 1)); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %d did not start", id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.StopAndCancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	job, err := c.JobGet(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.State != rivertype.JobStateAvailable || giveUpOf(t, job) != nil {
+		t.Fatalf("state %s attempt %d metadata %s", job.State, job.Attempt, job.Metadata)
+	}
+	if m := rb.Metrics(); m.Decisions.GiveUpMaxAttempts != 0 || m.Decisions.Retry != 0 {
+		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// A run that River's JobTimeout (2s here) ends, returning context.Cause(ctx)
+// (DeadlineExceeded), is a failure Rebound decides: maxAttempts 1 gives up.
+func TestTimeoutWithCauseIsDecided(t *testing.T) {
+	t.Setenv(runsDirEnv, t.TempDir())
+	rb := newRebound(t, sidecar.Target, "stopping")
+	c := startRiver(t, rb, "stopping")
+	id := insert(t, c, "stopping", CauseArgs{})
+	job := waitFinal(t, c, id, 30*time.Second)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 {
+		t.Fatalf("state %s attempt %d errors %+v", job.State, job.Attempt, job.Errors)
+	}
+	if g := giveUpOf(t, job); g == nil || g.Reason != "max_attempts" || g.DeadLetterQueue != "stopping-dead" {
+		t.Fatalf("give-up %+v", g)
+	}
+}
+
+// The first failure is when the first run started (as River records AttemptError.At),
+// not when it failed: a first run longer than maxRetryDuration (1.5s) gives up at once.
+func TestFirstFailureIsFirstRunsStart(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "deadline")
+	c := startRiver(t, rb, "deadline")
+	id := insert(t, c, "deadline", FailArgs{FailTimes: -1, SleepMs: 1600})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 || g == nil || g.Reason != "deadline" {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
 }

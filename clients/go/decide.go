@@ -276,7 +276,7 @@ func DecideLocal(p *pb.ResolvedPolicy, identity string, attempt uint64, c Contex
 		for _, pat := range p.GetNonRetryableErrors() {
 			if globMatch(pat, c.ErrorClass) {
 				return giveUp(pb.GiveUpReason_GIVE_UP_REASON_NON_RETRYABLE,
-					fmt.Sprintf("error class %s is non-retryable (matches %s)", strconv.Quote(c.ErrorClass), strconv.Quote(pat))), nil
+					fmt.Sprintf("error class %s is non-retryable (matches %s)", jsonQuote(c.ErrorClass), jsonQuote(pat))), nil
 			}
 		}
 	}
@@ -312,4 +312,39 @@ func DecideLocal(p *pb.ResolvedPolicy, identity string, attempt uint64, c Contex
 		}
 	}
 	return &pb.DecideResponse{Decision: pb.Decision_DECISION_RETRY, DelayMs: ms}, nil
+}
+
+// jsonQuote writes text as a JSON string literal the way the policy crate does (serde_json,
+// like JSON.stringify): '"' and '\\' escaped, control characters as \n-style or lowercase
+// \u00XX escapes, everything else as is (encoding/json would also escape <, >, & and
+// U+2028/U+2029).
+func jsonQuote(text string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range text {
+		switch r {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			if r < 0x20 {
+				fmt.Fprintf(&b, `\u%04x`, r)
+			} else {
+				b.WriteRune(r)
+			}
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

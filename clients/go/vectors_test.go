@@ -54,7 +54,8 @@ func u64(t *testing.T, m map[string]string, key string) uint64 {
 	return n
 }
 
-// Every shared case, bit for bit: decision, delay, disposition, dead-letter queue, reason.
+// Every shared case, bit for bit: decision, delay, disposition, dead-letter queue, reason
+// and its message.
 func TestDecideLocalPassesEverySharedVector(t *testing.T) {
 	for _, c := range loadVectors(t) {
 		var p pb.ResolvedPolicy
@@ -77,7 +78,7 @@ func TestDecideLocalPassesEverySharedVector(t *testing.T) {
 			t.Fatalf("%s: %v", c.Name, err)
 		}
 		got = &pb.DecideResponse{Decision: got.Decision, DelayMs: got.DelayMs, Disposition: got.Disposition,
-			DeadLetterQueue: got.DeadLetterQueue, Reason: got.Reason}
+			DeadLetterQueue: got.DeadLetterQueue, Reason: got.Reason, ReasonMessage: got.ReasonMessage}
 		if !proto.Equal(got, &want) {
 			t.Errorf("%s: got %v, want %v", c.Name, got, &want)
 		}

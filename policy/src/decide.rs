@@ -135,10 +135,19 @@ impl std::fmt::Display for GiveUpReason {
                 pattern,
             } => write!(
                 f,
-                "error class {error_class:?} is non-retryable (matches {pattern:?})"
+                "error class {} is non-retryable (matches {})",
+                json_quoted(error_class),
+                json_quoted(pattern)
             ),
         }
     }
+}
+
+/// A string as a JSON string literal (RFC 8259: `"` and `\` escaped, control characters
+/// as `\n`-style or `\u00XX` escapes, everything else as is): every adapter's language
+/// writes exactly this, so the fallbacks' reason messages equal the sidecar's.
+fn json_quoted(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| format!("{text:?}"))
 }
 
 /// The answer.

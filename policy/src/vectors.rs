@@ -108,6 +108,8 @@ pub struct WireAnswer {
     pub disposition: WireDisposition,
     pub dead_letter_queue: String,
     pub reason: WireReason,
+    /// The reason for people ("" on retry); ports write it exactly too.
+    pub reason_message: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,6 +280,7 @@ impl WireAnswer {
                 disposition: WireDisposition::Unspecified,
                 dead_letter_queue: String::new(),
                 reason: WireReason::Unspecified,
+                reason_message: String::new(),
             },
             Decision::GiveUp {
                 disposition,
@@ -299,6 +302,7 @@ impl WireAnswer {
                         GiveUpReason::Deadline { .. } => WireReason::Deadline,
                         GiveUpReason::NonRetryable { .. } => WireReason::NonRetryable,
                     },
+                    reason_message: reason.to_string(),
                 }
             }
         }
@@ -726,6 +730,9 @@ pub fn generate() -> VectorFile {
         "smtp.550.permanent",
         "smtp.550.temporary",
         "\u{fc}ber.fatal",
+        // Quoting in the reason message: a quote, a backslash, control characters, a soft
+        // hyphen and a line separator, all written as JSON writes them.
+        "q\"uote\\back\n\u{7}\u{ad}\u{2028}.fatal",
     ];
     let basics = basic_policies();
     for name in [

@@ -73,6 +73,7 @@ fn wire_answer(r: &pb::DecideResponse) -> WireAnswer {
             pb::GiveUpReason::Deadline => WireReason::Deadline,
             pb::GiveUpReason::NonRetryable => WireReason::NonRetryable,
         },
+        reason_message: r.reason_message.clone(),
     }
 }
 

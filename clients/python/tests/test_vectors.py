@@ -7,7 +7,7 @@ from rebound_celery.decide import decide_local
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 VECTORS = REPO / "policy" / "testdata" / "decide-vectors.json"
-FIELDS = ("decision", "delayMs", "disposition", "deadLetterQueue", "reason")
+FIELDS = ("decision", "delayMs", "disposition", "deadLetterQueue", "reason", "reasonMessage")
 
 
 def test_every_vector_bit_for_bit():

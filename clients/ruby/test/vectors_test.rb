@@ -6,7 +6,7 @@ require "rebound/decide"
 
 class VectorsTest < Minitest::Test
   VECTORS = File.join(REPO, "policy", "testdata", "decide-vectors.json")
-  FIELDS = %w[decision delayMs disposition deadLetterQueue reason].freeze
+  FIELDS = %w[decision delayMs disposition deadLetterQueue reason reasonMessage].freeze
 
   def test_every_vector_bit_for_bit
     doc = JSON.parse(File.read(VECTORS))

@@ -204,7 +204,7 @@ test('every vector through the adapter fallback: GetPolicy then NOT_SERVING give
         retryAfterMs: c.context.retryAfterMs,
       });
       assert.equal(a.source, 'fallback');
-      const got = { decision: a.decision, delayMs: a.delayMs, disposition: a.disposition, deadLetterQueue: a.deadLetterQueue, reason: a.reason };
+      const got = { decision: a.decision, delayMs: a.delayMs, disposition: a.disposition, deadLetterQueue: a.deadLetterQueue, reason: a.reason, reasonMessage: a.reasonMessage };
       try {
         assert.deepStrictEqual(got, c.expected);
       } catch {

@@ -27,13 +27,10 @@ test('every vector: decideLocal gives the expected answer exactly', () => {
   const failures = [];
   for (const c of file.cases) {
     const got = decideLocal(c.policy, c.identity, c.attempt, context(c.context));
-    const { reasonMessage, ...fields } = got;
     try {
-      assert.deepStrictEqual(fields, c.expected);
-      assert.equal(typeof reasonMessage, 'string');
-      assert.equal(reasonMessage === '', c.expected.decision === 'DECISION_RETRY');
+      assert.deepStrictEqual(got, c.expected);
     } catch (e) {
-      failures.push(`${c.name}: got ${JSON.stringify(fields)}, want ${JSON.stringify(c.expected)}`);
+      failures.push(`${c.name}: got ${JSON.stringify(got)}, want ${JSON.stringify(c.expected)}`);
     }
   }
   assert.deepStrictEqual(failures.slice(0, 20), [], `${failures.length} of ${file.cases.length} cases differ`);

@@ -227,7 +227,8 @@ def decide_prepared(prepared, attempt, ctx=None):
             if glob(error_class):
                 return give_up(
                     "GIVE_UP_REASON_NON_RETRYABLE",
-                    f"error class {json.dumps(error_class)} is non-retryable (matches {json.dumps(pattern)})",
+                    f"error class {json.dumps(error_class, ensure_ascii=False)} is non-retryable "
+                    f"(matches {json.dumps(pattern, ensure_ascii=False)})",
                 )
     max_attempts = int(p["maxAttempts"])
     if k >= max_attempts:

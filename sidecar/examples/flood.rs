@@ -10,7 +10,6 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -25,7 +24,7 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit::{
         flood::{Outcome, half_sent_calls},
-        process::{Spawned, free_port, mib, rss_kib, sidecar_binary},
+        process::{free_port, mib, rss_kib, sidecar_binary, spawn_on_policies_file},
     },
 };
 
@@ -103,20 +102,7 @@ async fn run(args: Args) -> Result<()> {
         let (grpc, admin) = (free_port()?, free_port()?);
         let dir = std::env::temp_dir().join(format!("rebound-flood-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let child = Command::new(&sidecar_bin)
-            .arg("--policies-file")
-            .arg(&policies)
-            .args([
-                "--listen",
-                &grpc.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-            ])
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
-        let sidecar = Spawned { child, dir };
+        let sidecar = spawn_on_policies_file(&sidecar_bin, &policies, grpc, admin, dir)?;
         let pid = sidecar.pid();
         let started = Instant::now();
         while decide(grpc).await.is_err() {

@@ -16,7 +16,6 @@
 
 use std::{
     collections::BTreeMap,
-    process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -28,7 +27,7 @@ use rebound_sidecar::{
     client,
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     system_now_ms,
-    testkit::process::{Spawned, free_port, sidecar_binary},
+    testkit::process::{free_port, sidecar_binary, spawn_on_policies_file},
 };
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
@@ -99,20 +98,7 @@ async fn run(args: Args) -> Result<()> {
     let file = dir.join("policies.yaml");
     std::fs::write(&file, policies(args.rate, args.burst))?;
     let (grpc, admin) = (free_port()?, free_port()?);
-    let child = Command::new(&sidecar_bin)
-        .arg("--policies-file")
-        .arg(&file)
-        .args([
-            "--listen",
-            &grpc.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-        ])
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start {}", sidecar_bin.display()))?;
-    let _sidecar = Spawned { child, dir };
+    let _sidecar = spawn_on_policies_file(&sidecar_bin, &file, grpc, admin, dir)?;
 
     let mut channels = Vec::new();
     let started = Instant::now();

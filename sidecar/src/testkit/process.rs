@@ -2,8 +2,8 @@
 
 use std::{
     net::{SocketAddr, TcpListener},
-    path::PathBuf,
-    process::Child,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
 };
 
 /// A child process killed (and its scratch directory removed) when dropped.
@@ -80,4 +80,29 @@ pub fn sidecar_binary(given: Option<PathBuf>) -> std::io::Result<PathBuf> {
         .and_then(|examples| examples.parent())
         .map(|dir| dir.join("rebound-sidecar"))
         .ok_or_else(|| std::io::Error::other("the running program has no parent directory"))
+}
+
+/// Starts `bin` on a policies file, serving gRPC on `grpc` and the admin port on `admin`,
+/// logging errors only; `dir` (its scratch directory) is removed when it is dropped.
+pub fn spawn_on_policies_file(
+    bin: &Path,
+    policies: &Path,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    dir: PathBuf,
+) -> std::io::Result<Spawned> {
+    let child = Command::new(bin)
+        .arg("--policies-file")
+        .arg(policies)
+        .args([
+            "--listen",
+            &grpc.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+        ])
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| std::io::Error::other(format!("cannot start {}: {e}", bin.display())))?;
+    Ok(Spawned { child, dir })
 }

@@ -93,7 +93,8 @@ async fn wait_for_delay(
     bail!("the sidecar never answered {want_ms} ms")
 }
 
-fn configmap_hash(env: &TestEnv) -> Result<String> {
+/// The compiled document the operator wrote into the namespace's ConfigMap.
+fn configmap_document(env: &TestEnv) -> Result<rebound_policy::CompiledDocument> {
     let out = env
         .kubectl([
             "get",
@@ -103,25 +104,31 @@ fn configmap_hash(env: &TestEnv) -> Result<String> {
             "jsonpath={.data.policies\\.json}",
         ])?
         .ok()?;
-    let doc = rebound_policy::CompiledDocument::from_json(out.stdout.as_bytes())?;
-    Ok(doc.hash)
+    Ok(rebound_policy::CompiledDocument::from_json(
+        out.stdout.as_bytes(),
+    )?)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_apply_reaches_the_sidecar_through_the_operator() -> Result<()> {
-    let env = TestEnv::new("e2e").await?;
-    let ns = env.namespace.clone();
-    let _operator = spawn(
+fn configmap_hash(env: &TestEnv) -> Result<String> {
+    Ok(configmap_document(env)?.hash)
+}
+
+/// The operator, watching only the test's namespace.
+fn spawn_operator(env: &TestEnv) -> Result<Running> {
+    spawn(
         "rebound-operator",
-        &env,
+        env,
         &[
-            format!("--namespaces={ns}"),
+            format!("--namespaces={}", env.namespace),
             "--leader-elect=false".into(),
             format!("--metrics-addr={}", free_port()?),
         ],
-    )?;
-    env.kubectl_stdin(["apply", "-f", "-"], &policy("2s"))?
-        .ok()?;
+    )
+}
+
+/// `kubectl apply` of `manifest`, then waits for `retrypolicy/orders` to be Ready.
+fn apply_until_ready(env: &TestEnv, manifest: &str) -> Result<()> {
+    env.kubectl_stdin(["apply", "-f", "-"], manifest)?.ok()?;
     env.kubectl([
         "wait",
         "--for=condition=Ready",
@@ -129,18 +136,31 @@ async fn kubectl_apply_reaches_the_sidecar_through_the_operator() -> Result<()> 
         "--timeout=60s",
     ])?
     .ok()?;
+    Ok(())
+}
 
+/// A sidecar watching the namespace's ConfigMap, and a client connected to it.
+async fn spawn_watching_sidecar(env: &TestEnv) -> Result<(Running, RetryAdvisorClient<Channel>)> {
     let grpc = free_port()?;
-    let _sidecar = spawn(
+    let sidecar = spawn(
         "rebound-sidecar",
-        &env,
+        env,
         &[
-            format!("--configmap={ns}/rebound-policies"),
+            format!("--configmap={}/rebound-policies", env.namespace),
             format!("--listen={grpc}"),
             "--no-admin".into(),
         ],
     )?;
-    let mut client = connect(grpc).await?;
+    Ok((sidecar, connect(grpc).await?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_reaches_the_sidecar_through_the_operator() -> Result<()> {
+    let env = TestEnv::new("e2e").await?;
+    let _operator = spawn_operator(&env)?;
+    apply_until_ready(&env, &policy("2s"))?;
+
+    let (_sidecar, mut client) = spawn_watching_sidecar(&env).await?;
     let (_, first_hash) = wait_for_delay(&mut client, 2_000).await?;
     assert_eq!(
         first_hash,
@@ -184,25 +204,9 @@ async fn connect(addr: SocketAddr) -> Result<RetryAdvisorClient<Channel>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()> {
     let env = TestEnv::new("e2e-budget").await?;
-    let ns = env.namespace.clone();
-    let _operator = spawn(
-        "rebound-operator",
-        &env,
-        &[
-            format!("--namespaces={ns}"),
-            "--leader-elect=false".into(),
-            format!("--metrics-addr={}", free_port()?),
-        ],
-    )?;
+    let _operator = spawn_operator(&env)?;
     let manifest = format!("{}  retryBudget: {{ratePerSecond: 1}}\n", policy("2s"));
-    env.kubectl_stdin(["apply", "-f", "-"], &manifest)?.ok()?;
-    env.kubectl([
-        "wait",
-        "--for=condition=Ready",
-        "retrypolicy/orders",
-        "--timeout=60s",
-    ])?
-    .ok()?;
+    apply_until_ready(&env, &manifest)?;
     let summary = env
         .kubectl([
             "get",
@@ -212,16 +216,7 @@ async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()>
         ])?
         .ok()?;
     assert_eq!(summary.stdout.trim(), "1/s, burst 1 (1s slots)");
-    let doc = env
-        .kubectl([
-            "get",
-            "configmap",
-            "rebound-policies",
-            "-o",
-            "jsonpath={.data.policies\\.json}",
-        ])?
-        .ok()?;
-    let doc = rebound_policy::CompiledDocument::from_json(doc.stdout.as_bytes())?;
+    let doc = configmap_document(&env)?;
     assert_eq!(
         doc.policies[0].params.retry_budget,
         Some(rebound_policy::retry_budget::RetryBudget {
@@ -230,17 +225,7 @@ async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()>
         })
     );
 
-    let grpc = free_port()?;
-    let _sidecar = spawn(
-        "rebound-sidecar",
-        &env,
-        &[
-            format!("--configmap={ns}/rebound-policies"),
-            format!("--listen={grpc}"),
-            "--no-admin".into(),
-        ],
-    )?;
-    let mut client = connect(grpc).await?;
+    let (_sidecar, mut client) = spawn_watching_sidecar(&env).await?;
     wait_for_delay(&mut client, 2_000).await?;
     let ask = |job: &str| DecideRequest {
         queue: "orders".into(),

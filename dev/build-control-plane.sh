@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the local control plane (kube-apiserver, etcd, kubectl) from the Go modules
-# in dev/controlplane/ into a cache outside the repository, keyed by version:
+# Builds the local control plane (kube-apiserver, etcd, kubectl) and the binaries of a
+# node (kube-controller-manager, kube-scheduler, kubelet, kube-proxy: see dev/node.sh)
+# from the Go modules in dev/controlplane/ into a cache outside the repository, keyed by
+# version (one `go build` for all the Kubernetes commands, so they share one compile):
 #
 #   ${REBOUND_CACHE:-$HOME/.cache/rebound}/controlplane/<k8s version>/bin
 #
@@ -89,7 +91,8 @@ stamp="$(
   } | sha256sum | cut -d' ' -f1
 )"
 
-binaries=(kube-apiserver kubectl etcd)
+kube_commands=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+binaries=("${kube_commands[@]}" etcd)
 up_to_date() {
   [[ -f "$version_dir/stamp" && "$(cat "$version_dir/stamp")" == "$stamp" ]] || return 1
   local b
@@ -104,12 +107,12 @@ exec 9>"$version_dir/.lock"
 flock 9
 
 if ((force == 0)) && up_to_date; then
-  log "up to date: kube-apiserver/kubectl $k8s_version, etcd $etcd_version"
+  log "up to date: ${kube_commands[*]} $k8s_version, etcd $etcd_version"
   echo "$bin_dir"
   exit 0
 fi
 
-log "building kube-apiserver + kubectl $k8s_version and etcd $etcd_version with $go_version (-p $jobs)"
+log "building ${kube_commands[*]} $k8s_version and etcd $etcd_version with $go_version (-p $jobs)"
 log "a cold build takes several minutes on 2 cores"
 start=$SECONDS
 tmp_bin="$(mktemp -d "$version_dir/bin.tmp.XXXXXX")"
@@ -127,8 +130,8 @@ build_flags=(-p "$jobs" -trimpath -tags "$tags")
 log "etcd built after $((SECONDS - start))s"
 
 (cd "$kube_mod" && go build "${build_flags[@]}" -ldflags "$ldflags" -o "$tmp_bin/" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl) ||
-  die "building kube-apiserver/kubectl $k8s_version failed"
+  "${kube_commands[@]/#/k8s.io/kubernetes/cmd/}") ||
+  die "building ${kube_commands[*]} $k8s_version failed"
 
 for b in "${binaries[@]}"; do
   [[ -x "$tmp_bin/$b" ]] || die "the build did not produce $b"

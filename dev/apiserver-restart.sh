@@ -43,4 +43,4 @@ fi
 bin="$(cp_bin_dir)"
 cp_start_etcd "$state" "$bin"
 cp_start_apiserver "$state" "$bin"
-cp_log "kube-apiserver back on https://127.0.0.1:$APISERVER_PORT after $(cp_elapsed "$started_at")s"
+cp_log "kube-apiserver back on https://$(cp_api_host):$APISERVER_PORT after $(cp_elapsed "$started_at")s"

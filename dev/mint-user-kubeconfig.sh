@@ -42,6 +42,6 @@ cp_issue_cert "$work" user "$subject" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
 mkdir -p "$(dirname "$out")"
-cp_write_kubeconfig "$out" "https://127.0.0.1:$APISERVER_PORT" "$state/pki/ca.crt" \
+cp_write_kubeconfig "$out" "https://$(cp_api_host):$APISERVER_PORT" "$state/pki/ca.crt" \
   "$work/user.crt" "$work/user.key" "$user"
 echo "$out"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite, as CI runs it: builds (or reuses) the local control plane and the
 # test tools, starts one kube-apiserver + etcd for the whole run, runs every workspace
-# test against it, then the Node package's unit and end-to-end tests and the
+# test against it (tests/tests/node.rs also starts a real node: kubelet, containerd,
+# Pods), then the Node package's unit and end-to-end tests and the
 # webhook-delivery example's test against the same cluster (each starts its own operator,
 # sidecar and Redis), the Python (Celery), Ruby (Sidekiq) and Go (River) adapters' tests,
 # the GitOps checks and the images, and stops the cluster again.
@@ -17,7 +18,14 @@ bin_dir="$(dev/build-control-plane.sh | tail -n 1)"
 tools_dir="$(dev/install-tools.sh | tail -n 1)"
 export PATH="$bin_dir:$tools_dir:$PATH"
 
-cleanup() { dev/cluster-down.sh "$state" >/dev/null 2>&1 || true; }
+# tests/tests/node.rs starts and stops a node of its own in .state/node (one per machine);
+# stopped here too in case the test binary was killed.
+node_state="$repo_root/.state/node"
+export REBOUND_NODE_STATE_DIR="$node_state"
+cleanup() {
+  dev/cluster-down.sh "$state" >/dev/null 2>&1 || true
+  dev/cluster-down.sh "$node_state" >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 dev/cluster-up.sh "$state" >/dev/null
 export REBOUND_CLUSTER_STATE_DIR="$state"

@@ -12,6 +12,9 @@
 
 cp_repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cp_default_state_dir="$cp_repo_root/.state/cluster"
+# The local node's address, on its own bridge (dev/lib/node.sh). With a node, the API
+# server listens there (Pods must reach it) instead of on 127.0.0.1.
+cp_node_ip=10.200.0.1
 
 cp_die() {
   echo "error: $*" >&2
@@ -166,7 +169,7 @@ cp_make_pki() {
   cp_issue_cert "$pki" apiserver "/CN=kube-apiserver" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1"
+subjectAltName=IP:127.0.0.1,IP:$cp_node_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1"
   cp_issue_cert "$pki" admin "/O=system:masters/CN=rebound-admin" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
@@ -204,11 +207,16 @@ EOF
   mv -f "$tmp" "$out"
 }
 
+# The API server's address: the node's with a node (NODE_MODE=1 in env), else loopback.
+cp_api_host() {
+  if [[ "${NODE_MODE:-0}" == 1 ]]; then echo "$cp_node_ip"; else echo 127.0.0.1; fi
+}
+
 cp_curl_api() {
   local state="$1" path="$2"
   # shellcheck disable=SC2154 # set by sourcing $state/env
   curl -sS --max-time 5 --cacert "$state/pki/ca.crt" --cert "$state/pki/admin.crt" \
-    --key "$state/pki/admin.key" "https://127.0.0.1:${APISERVER_PORT}$path"
+    --key "$state/pki/admin.key" "https://$(cp_api_host):${APISERVER_PORT}$path"
 }
 
 # Starts etcd if it is not running. Chooses ports on first start, keeps them afterwards.
@@ -259,7 +267,21 @@ cp_start_etcd() {
 
 # Starts kube-apiserver if it is not running and waits for /readyz and the default namespace.
 cp_start_apiserver() {
-  local state="$1" bin="$2" attempt i pki="$1/pki"
+  local state="$1" bin="$2" attempt i pki="$1/pki" host mode_flags
+  host="$(cp_api_host)"
+  if [[ "${NODE_MODE:-0}" == 1 ]]; then
+    # What a node needs: ServiceAccount admission (tokens for Pods), the Node authorizer
+    # and NodeRestriction for the kubelet, the kubernetes Service's endpoints, and a
+    # client certificate to reach the kubelet (logs, exec).
+    mode_flags=(--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction
+      --endpoint-reconciler-type=lease
+      --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt"
+      --kubelet-client-key="$pki/apiserver-kubelet-client.key"
+      --kubelet-certificate-authority="$pki/ca.crt" --kubelet-preferred-address-types=InternalIP)
+  else
+    mode_flags=(--authorization-mode=RBAC --disable-admission-plugins=ServiceAccount
+      --endpoint-reconciler-type=none)
+  fi
   if cp_pid_alive "$state/kube-apiserver.pid" kube-apiserver; then
     cp_wait_apiserver "$state"
     return 0
@@ -273,20 +295,18 @@ cp_start_apiserver() {
     echo "--- $(date -Is) starting kube-apiserver" >>"$state/logs/kube-apiserver.log"
     cp_launch "$state/kube-apiserver.pid" "$bin/kube-apiserver" \
       --etcd-servers="http://127.0.0.1:$ETCD_CLIENT_PORT" \
-      --bind-address=127.0.0.1 \
-      --advertise-address=127.0.0.1 \
+      --bind-address="$host" \
+      --advertise-address="$host" \
       --secure-port="$APISERVER_PORT" \
       --tls-cert-file="$pki/apiserver.crt" \
       --tls-private-key-file="$pki/apiserver.key" \
       --client-ca-file="$pki/ca.crt" \
-      --authorization-mode=RBAC \
+      "${mode_flags[@]}" \
       --service-account-issuer="https://127.0.0.1:$APISERVER_PORT" \
       --service-account-key-file="$pki/sa.pub" \
       --service-account-signing-key-file="$pki/sa.key" \
       --service-cluster-ip-range=10.0.0.0/24 \
       --allow-privileged=true \
-      --disable-admission-plugins=ServiceAccount \
-      --endpoint-reconciler-type=none \
       --profiling=false \
       </dev/null >>"$state/logs/kube-apiserver.log" 2>&1 8>&- || true
     cp_wait_exec "$(cat "$state/kube-apiserver.pid" 2>/dev/null)" kube-apiserver || true
@@ -326,13 +346,19 @@ cp_save_env() {
 ETCD_CLIENT_PORT=${ETCD_CLIENT_PORT:-}
 ETCD_PEER_PORT=${ETCD_PEER_PORT:-}
 APISERVER_PORT=${APISERVER_PORT:-}
+NODE_MODE=${NODE_MODE:-0}
+KUBELET_PORT=${KUBELET_PORT:-}
+KUBELET_HEALTHZ_PORT=${KUBELET_HEALTHZ_PORT:-}
+KUBE_PROXY_HEALTHZ_PORT=${KUBE_PROXY_HEALTHZ_PORT:-}
+KUBE_PROXY_METRICS_PORT=${KUBE_PROXY_METRICS_PORT:-}
 EOF
   mv -f "$state/env.tmp" "$state/env"
 }
 
 cp_load_env() {
   local state="$1"
-  ETCD_CLIENT_PORT="" ETCD_PEER_PORT="" APISERVER_PORT=""
+  ETCD_CLIENT_PORT="" ETCD_PEER_PORT="" APISERVER_PORT="" NODE_MODE=0
+  KUBELET_PORT="" KUBELET_HEALTHZ_PORT="" KUBE_PROXY_HEALTHZ_PORT="" KUBE_PROXY_METRICS_PORT=""
   if [[ -f "$state/env" ]]; then
     # shellcheck disable=SC1091
     source "$state/env"

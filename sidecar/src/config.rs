@@ -120,6 +120,24 @@ pub enum LoadError {
     Source { origin: String, message: String },
 }
 
+impl LoadError {
+    /// Where the rejected configuration came from (a path, or the ConfigMap), for logs.
+    pub fn origin(&self) -> String {
+        match self {
+            LoadError::Read { path, .. }
+            | LoadError::NotRegular { path, .. }
+            | LoadError::TooLarge { path }
+            | LoadError::Yaml { path, .. }
+            | LoadError::InvalidPolicy { path, .. }
+            | LoadError::Namespace { path, .. } => path.display().to_string(),
+            LoadError::Document { origin, .. }
+            | LoadError::MissingKey { origin, .. }
+            | LoadError::Missing { origin }
+            | LoadError::Source { origin, .. } => origin.clone(),
+        }
+    }
+}
+
 /// Reads a regular file with the size bound. The file is opened without blocking and
 /// checked through its open descriptor, so a FIFO, socket or device put where the
 /// configuration belongs is refused instead of hanging the loader in `open` or `read`.
@@ -341,12 +359,14 @@ impl Store {
         match self.current.load().as_ref() {
             Some(current) => tracing::warn!(
                 %error,
+                origin = %error.origin(),
                 state = ConfigState::Stale.as_str(),
                 kept = %current.hash(),
                 "configuration rejected; still answering from the last good one"
             ),
             None => tracing::warn!(
                 %error,
+                origin = %error.origin(),
                 state = ConfigState::None.as_str(),
                 "configuration rejected; no valid configuration yet"
             ),

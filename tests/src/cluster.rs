@@ -129,6 +129,11 @@ impl Cluster {
     /// Builds the binaries if needed, starts (or reuses) the cluster of `state_dir` and
     /// installs the CRDs.
     fn start(state_dir: &Path) -> Result<Cluster> {
+        Cluster::start_with(state_dir, &[])
+    }
+
+    /// [`Cluster::start`] with extra `dev/cluster-up.sh` flags (`--node`).
+    pub(crate) fn start_with(state_dir: &Path, flags: &[&str]) -> Result<Cluster> {
         let started = Instant::now();
         let root = repo_root();
         let bin_dir = match std::env::var_os("REBOUND_CONTROLPLANE_BIN") {
@@ -139,10 +144,8 @@ impl Cluster {
                 std::iter::empty::<&str>(),
             )?),
         };
-        let kubeconfig = PathBuf::from(run_script(
-            &root.join("dev/cluster-up.sh"),
-            [state_dir.as_os_str()],
-        )?);
+        let args = flags.iter().map(OsStr::new).chain([state_dir.as_os_str()]);
+        let kubeconfig = PathBuf::from(run_script(&root.join("dev/cluster-up.sh"), args)?);
         // cluster-up.sh prints STATE_DIR/kubeconfig with STATE_DIR made absolute.
         let state_dir = kubeconfig
             .parent()
@@ -530,7 +533,7 @@ fn pick_kubectl(bin_dir: Option<&Path>) -> PathBuf {
 
 /// Runs a dev/ script; its stderr goes to ours (build progress), the last non-empty
 /// line of its stdout (or "") is returned.
-fn run_script<I, S>(script: &Path, args: I) -> Result<String>
+pub(crate) fn run_script<I, S>(script: &Path, args: I) -> Result<String>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,

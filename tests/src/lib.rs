@@ -14,8 +14,10 @@
 //! ```
 
 pub mod cluster;
+pub mod doc;
 pub mod helm;
 pub mod kubelet;
+pub mod node;
 
 pub use cluster::{
     Cluster, CmdOutput, DedicatedCluster, FIELD_MANAGER, TestEnv, client_from_kubeconfig, crds_dir,

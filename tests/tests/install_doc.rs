@@ -8,41 +8,15 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use rebound_tests::doc::{run_shell, sh_blocks};
 use rebound_tests::helm::Helm;
 use rebound_tests::kubelet::{Running, move_flags, resolve, start_as};
 use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name};
-
-/// The shell commands of docs/install.md's `sh` blocks, one list per block.
-fn doc_blocks(text: &str) -> Vec<Vec<String>> {
-    let mut blocks = Vec::new();
-    let mut current: Option<Vec<String>> = None;
-    let mut pending = String::new();
-    for line in text.lines() {
-        match (&mut current, line.trim_end()) {
-            (None, "```sh") => current = Some(Vec::new()),
-            (Some(_), "```") => blocks.extend(current.take()),
-            (Some(cmds), l) => {
-                if let Some(head) = l.strip_suffix('\\') {
-                    pending.push_str(head);
-                    continue;
-                }
-                pending.push_str(l);
-                let cmd = std::mem::take(&mut pending);
-                if !cmd.trim().is_empty() && !cmd.trim_start().starts_with('#') {
-                    cmds.push(cmd.trim().to_owned());
-                }
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
-}
 
 fn free_port() -> Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
@@ -117,26 +91,6 @@ async fn play_kubelet(
     start_as(cluster, binary, namespace, &sa, &args, &env)
 }
 
-fn run_command(cmd: &str, env: &[(&str, std::ffi::OsString)]) -> Result<String> {
-    eprintln!("install_doc: $ {cmd}");
-    let out = Command::new("bash")
-        .args(["-c", cmd])
-        .current_dir(repo_root())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {cmd}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!(
-            "`{cmd}` failed ({}):\n{stdout}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(stdout)
-}
-
 fn label_value<'a>(line: &'a str, name: &str, label: &str) -> Option<(&'a str, f64)> {
     let rest = line.strip_prefix(name)?.strip_prefix('{')?;
     let (labels, value) = rest.split_once("} ")?;
@@ -183,7 +137,7 @@ async fn the_install_page_works_as_written() -> Result<()> {
     ];
 
     let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
-    let blocks = doc_blocks(&page);
+    let blocks = sh_blocks(&page);
     ensure!(
         blocks.len() >= 5,
         "docs/install.md has {} sh blocks",
@@ -197,7 +151,7 @@ async fn the_install_page_works_as_written() -> Result<()> {
         kube::Api::namespaced(client.clone(), "rebound-system");
     for block in &blocks {
         for cmd in block {
-            let out = run_command(cmd, &env)?;
+            let out = run_shell(cmd, &env)?;
             outputs.push((cmd.clone(), out));
         }
         if operator.is_none() && deployments.get_opt("rebound-operator").await?.is_some() {

@@ -67,6 +67,7 @@ def test_worker_sigkilled_mid_task_and_between_failure_and_retry(app, r, redis_u
     enqueue(app.flaky, args=(1,), key=between, queue="crash")
     eventually(lambda: r.get(f"started:{mid}"), 30, "slow task running")
     eventually(lambda: [e for e in worker.events("rebound.retry") if e["key"] == between], 30, "first failure")
+    time.sleep(0.5)  # the decision is logged just before the retry message is sent
     worker.kill()  # SIGKILL to the main process and its pool children
     time.sleep(0.5)
     again = Worker(redis_url, sidecar.target, path, visibility_timeout=6)

@@ -145,7 +145,11 @@ class Sidecar:
             except OSError:
                 return False
 
-        eventually(up, 20, "sidecar listening")
+        try:
+            eventually(up, 20, "sidecar listening")
+        except BaseException:
+            self.kill()  # never left running by a failed start
+            raise
         time.sleep(0.3)  # the first configuration loads right after bind
 
     def kill(self):
@@ -226,10 +230,12 @@ def policies_file(run_dir):
 def sidecar(run_dir, policies_file):
     log = open(run_dir / "sidecar.log", "ab")
     s = Sidecar(policies_file, log)
-    s.start()
-    yield s
-    s.kill()
-    log.close()
+    try:
+        s.start()
+        yield s
+    finally:
+        s.kill()
+        log.close()
 
 
 @pytest.fixture(scope="session")

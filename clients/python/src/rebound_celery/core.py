@@ -1,8 +1,10 @@
 """Asks the sidecar; answers from the local fallback when it cannot. Never raises.
 
-Fallback = the last ``GetPolicy`` answer for the queue (fetched in a background thread
-whenever a sidecar answer names a config hash this process has not fetched yet), decided
-with the port of ``decide``; without one, :data:`DEFAULT_POLICY`.
+Fallback = the last ``GetPolicy`` answer for the queue — loaded at worker start by
+:meth:`Rebound.prefetch` (the main process, before the pool forks) and again in a
+background thread whenever a sidecar answer names a config hash this process has not
+fetched — decided with the port of ``decide`` (``policySource=cached``); without one,
+:data:`DEFAULT_POLICY` (``policySource=default``).
 """
 
 import hashlib

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -79,6 +80,32 @@ spec:
 """
 
 
+# Celery's worker log format: "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s";
+# Rebound's messages are JSON objects.
+LOG_LINE = re.compile(r"^\[(?P<time>[^\]]*?): (?P<level>[A-Z]+)/(?P<process>[^\]]+)\] (?P<message>\{.*\})\s*$")
+
+
+def log_events(path, event=None):
+    """The JSON messages of a worker log, each with its record's ``_level`` and ``_process``."""
+    out = []
+    try:
+        data = open(path, "rb").read().decode(errors="replace")
+    except FileNotFoundError:
+        return out
+    for line in data.splitlines():
+        m = LOG_LINE.match(line)
+        if not m:
+            continue
+        try:
+            doc = json.loads(m["message"])
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and (event is None or doc.get("event") == event):
+            doc["_level"], doc["_process"] = m["level"], m["process"]
+            out.append(doc)
+    return out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,13 +124,13 @@ def eventually(check, timeout=30.0, what="condition"):
 
 
 class Sidecar:
-    def __init__(self, policies_file, log):
+    def __init__(self, policies_file, log, namespace="pytest"):
         binary = os.environ.get("REBOUND_SIDECAR") or str(TARGET_DIR / "debug" / "rebound-sidecar")
         if not os.path.exists(binary):
             pytest.fail(f"no sidecar at {binary}: cargo build -p rebound-sidecar")
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
-        self.args = [binary, "--policies-file", str(policies_file), "--namespace", "pytest",
+        self.args = [binary, "--policies-file", str(policies_file), "--namespace", namespace,
                      "--listen", self.target, "--no-admin"]
         self.log = log
         self.proc = None
@@ -118,7 +145,11 @@ class Sidecar:
             except OSError:
                 return False
 
-        eventually(up, 20, "sidecar listening")
+        try:
+            eventually(up, 20, "sidecar listening")
+        except BaseException:
+            self.kill()  # never left running by a failed start
+            raise
         time.sleep(0.3)  # the first configuration loads right after bind
 
     def kill(self):
@@ -130,33 +161,27 @@ class Sidecar:
 class Worker:
     """`celery worker -P prefork` in its own process group (killed as a group, by our PID)."""
 
-    def __init__(self, redis_url, target, log_path, visibility_timeout=8, concurrency=2):
+    def __init__(self, redis_url, target, log_path, visibility_timeout=8, concurrency=2, app="celery_app",
+                 queues=QUEUES, extra=()):
         self.env = dict(os.environ, REDIS_URL=redis_url, REBOUND_TARGET=target, PYTHONPATH=str(HERE),
                         VISIBILITY_TIMEOUT=str(visibility_timeout))
         self.log_path = log_path
         self.concurrency = concurrency
+        self.app, self.queues, self.extra = app, queues, list(extra)
         self.proc = None
+        self.log = None
 
     def start(self):
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "prefork", "-c", str(self.concurrency),
-             "-Q", QUEUES, "-l", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "-n", f"w{uuid.uuid4().hex[:6]}@%h"],
+            [sys.executable, "-m", "celery", "-A", self.app, "worker", "-P", "prefork", "-c", str(self.concurrency),
+             "-Q", self.queues, "-l", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "-n", f"w{uuid.uuid4().hex[:6]}@%h", *self.extra],
             env=self.env, cwd=str(HERE), stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
             start_new_session=True)
 
     def events(self, event=None):
-        out = []
-        with open(self.log_path, "rb") as f:
-            for line in f:
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict) and (event is None or doc.get("event") == event):
-                    out.append(doc)
-        return out
+        return log_events(self.log_path, event)
 
     def kill(self, sig=signal.SIGKILL):
         if self.proc and self.proc.poll() is None:
@@ -174,7 +199,8 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # leftover pool children of our group
             except ProcessLookupError:
                 pass
-        self.log.close()
+        if self.log:
+            self.log.close()
 
 
 @pytest.fixture(scope="session")
@@ -204,10 +230,12 @@ def policies_file(run_dir):
 def sidecar(run_dir, policies_file):
     log = open(run_dir / "sidecar.log", "ab")
     s = Sidecar(policies_file, log)
-    s.start()
-    yield s
-    s.kill()
-    log.close()
+    try:
+        s.start()
+        yield s
+    finally:
+        s.kill()
+        log.close()
 
 
 @pytest.fixture(scope="session")

@@ -86,8 +86,9 @@ def test_unreachable_sidecar_answers_from_the_documented_default():
     for attempt in (1, 5, 10):
         a = rb.decide("anything", attempt, job_id="k1", error_class="Boom")
         want = decide_local(DEFAULT_POLICY, DEFAULT_IDENTITY, attempt, {"jobId": "k1", "errorClass": "Boom"})
-        assert (a["source"], a["decision"], a["delayMs"], a["reason"], a["budgetStretched"]) == \
-            ("default", want["decision"], want["delayMs"], want["reason"], False)
+        assert (a["source"], a["policySource"], a["decision"], a["delayMs"], a["reason"], a["budgetStretched"]) == \
+            ("fallback", "default", want["decision"], want["delayMs"], want["reason"], False)
+    assert a["disposition"] == "DISPOSITION_DROP"  # attempt 10: the task ends FAILURE, kept
     m = rb.metrics()["fallback"]
     assert m["total"] == 3 and m["default_policy"] == 3 and m["unavailable"] == 3
 
@@ -96,4 +97,4 @@ def test_bad_input_never_raises():
     rb = Rebound(target=f"127.0.0.1:{free_port()}", deadline_ms=100)
     a = rb.decide("q", "not-a-number", job_id="x" * 5000, error_class="é" * 400,
                   first_failure_unix_ms="soon", retry_after_ms=float("nan"))
-    assert a["decision"] == "DECISION_RETRY" and a["source"] == "default"
+    assert (a["decision"], a["source"], a["policySource"]) == ("DECISION_RETRY", "fallback", "default")

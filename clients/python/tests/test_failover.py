@@ -27,7 +27,7 @@ def test_sidecar_killed_fallback_gives_the_same_answers(app, r, redis_url, run_d
         # The first failure is answered by the sidecar, which makes the worker fetch the policy.
         r.set(f"count:{key}", 0)
         enqueue(app.flaky, args=(4,), key=key, queue="failover")
-        eventually(lambda: worker.events("rebound.policy_fetched"), 30, "policy fetched by the worker")
+        eventually(lambda: [e for e in worker.events("rebound.retry") if e["key"] == key], 30, "the first failure")
         sidecar.kill()
         eventually(lambda: r.get(f"done:{key}"), 60, "completion with the sidecar down")
         events = [e for e in worker.events("rebound.retry") if e["key"] == key]
@@ -36,8 +36,8 @@ def test_sidecar_killed_fallback_gives_the_same_answers(app, r, redis_url, run_d
         for e in events:
             want = decide_local(resolved, prepared.identity, e["attempt"], {"jobId": key, "errorClass": "http.503"})
             assert e["delay_ms"] == want["delayMs"], e
-        later = [e["source"] for e in events[1:]]
-        assert "fallback" in later and "default" not in later
+        later = [(e["source"], e["policy_source"]) for e in events[1:]]
+        assert ("fallback", "cached") in later and all(ps != "default" for _, ps in later)
         fallbacks = [e for e in worker.events("rebound.fallback") if e["attempt"] in (2, 3, 4)]
         assert fallbacks and all(e["cause"] == "unavailable" for e in fallbacks)
 
@@ -67,6 +67,7 @@ def test_worker_sigkilled_mid_task_and_between_failure_and_retry(app, r, redis_u
     enqueue(app.flaky, args=(1,), key=between, queue="crash")
     eventually(lambda: r.get(f"started:{mid}"), 30, "slow task running")
     eventually(lambda: [e for e in worker.events("rebound.retry") if e["key"] == between], 30, "first failure")
+    time.sleep(0.5)  # the decision is logged just before the retry message is sent
     worker.kill()  # SIGKILL to the main process and its pool children
     time.sleep(0.5)
     again = Worker(redis_url, sidecar.target, path, visibility_timeout=6)

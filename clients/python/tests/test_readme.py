@@ -9,7 +9,7 @@ import sys
 
 import redis
 
-from conftest import HERE, Sidecar, eventually
+from conftest import HERE, Sidecar, eventually, log_events as json_events
 
 README = HERE.parent / "README.md"
 FAST = """apiVersion: rebound.dev/v1alpha1
@@ -21,18 +21,6 @@ spec:
   maxAttempts: 40
   terminal: {action: deadLetter, deadLetterQueue: webhooks-dead}
 """
-
-
-def json_events(path):
-    out = []
-    for line in open(path, "rb").read().decode(errors="replace").splitlines():
-        at = line.find('{"time"')
-        if at >= 0:
-            try:
-                out.append(json.loads(line[at:]))
-            except ValueError:
-                pass
-    return out
 
 
 def test_quick_start_as_pasted(run_dir, redis_url):

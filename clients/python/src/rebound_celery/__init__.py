@@ -1,8 +1,10 @@
 """Rebound adapter for Celery: retry decisions from the Rebound sidecar, with a fallback."""
 
-from .core import DEFAULT_POLICY, Rebound
+from .client import TargetError
+from .core import DEFAULT_IDENTITY, DEFAULT_POLICY, Rebound
 from .decide import decide_local
-from .task import DEAD_LETTER_TASK, KEY_HEADER, ReboundTask, enqueue
+from .task import DEAD_LETTER_TASK, KEY_HEADER, ReboundTask, RetryRequested, enqueue, replay
 
-__all__ = ["DEFAULT_POLICY", "DEAD_LETTER_TASK", "KEY_HEADER", "Rebound", "ReboundTask", "decide_local", "enqueue"]
+__all__ = ["DEFAULT_IDENTITY", "DEFAULT_POLICY", "DEAD_LETTER_TASK", "KEY_HEADER", "Rebound", "ReboundTask",
+           "RetryRequested", "TargetError", "decide_local", "enqueue", "replay"]
 __version__ = "0.1.0"

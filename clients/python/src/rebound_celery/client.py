@@ -17,7 +17,8 @@ from ._pb import advisor_pb2 as pb
 _TARGET_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
 CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),  # back on a restarted sidecar within ~1 s
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 30000),
     # gRPC pools connections process-wide by target; a child's new channel would otherwise
@@ -27,13 +28,23 @@ CHANNEL_OPTIONS = [
 _clients = weakref.WeakSet()
 
 
+class TargetError(ValueError):
+    """A malformed REBOUND_TARGET (or ``rebound_target``)."""
+
+
 def check_target(target):
-    """Accepts ``unix:///abs/path.sock``, ``unix:/abs/path``, ``host:port``."""
-    if not isinstance(target, str) or not target:
-        raise ValueError('target: must be "unix:///path/to.sock" or "127.0.0.1:PORT"')
-    if target.startswith("unix:") or _TARGET_RE.match(target):
+    """Accepts ``unix:///abs/path.sock``, ``unix:path``, ``host:port`` (port 1-65535).
+
+    Raises :class:`TargetError` naming REBOUND_TARGET otherwise.
+    """
+    if isinstance(target, str) and target.startswith("unix:") and len(target) > len("unix:") \
+            and target.strip("/") != "unix:":
         return target
-    raise ValueError(f"target: {target!r} is not 'unix:///path' or 'host:port'")
+    m = _TARGET_RE.match(target) if isinstance(target, str) else None
+    if m and 0 < int(target.rsplit(":", 1)[1]) <= 65535:
+        return target
+    raise TargetError(f"REBOUND_TARGET (or rebound_target) is {target!r}: the sidecar's address must be "
+                      f"'host:port' (e.g. 127.0.0.1:7411) or 'unix:///path/to.sock'")
 
 
 class AdvisorClient:
@@ -68,8 +79,8 @@ class AdvisorClient:
     def decide(self, request):
         return self._stubs()[0](request, timeout=self.deadline_s)
 
-    def get_policy(self, queue):
-        return self._stubs()[1](pb.GetPolicyRequest(queue=queue), timeout=self.deadline_s)
+    def get_policy(self, queue, timeout=None):
+        return self._stubs()[1](pb.GetPolicyRequest(queue=queue), timeout=timeout or self.deadline_s)
 
     def _forget(self):
         """In a forked child: drop the parent's channel without touching it."""

@@ -1,14 +1,16 @@
 """Asks the sidecar; answers from the local fallback when it cannot. Never raises.
 
-Fallback = the last ``GetPolicy`` answer for the queue (fetched in a background thread
-whenever a sidecar answer names a config hash this process has not fetched yet), decided
-with the port of ``decide``; without one, :data:`DEFAULT_POLICY`.
+Fallback = the last ``GetPolicy`` answer for the queue — loaded at worker start by
+:meth:`Rebound.prefetch` (the main process, before the pool forks) and again in a
+background thread whenever a sidecar answer names a config hash this process has not
+fetched — decided with the port of ``decide`` (``policySource=cached``); without one,
+:data:`DEFAULT_POLICY` (``policySource=default``).
 """
 
 import hashlib
 import json
 import os
-import sys
+import logging
 import threading
 import time
 import weakref
@@ -16,25 +18,18 @@ import weakref
 import grpc
 
 from ._pb import advisor_pb2 as pb
-from .client import AdvisorClient, answer_from_wire, resolved_from_wire
+from .client import AdvisorClient, TargetError, answer_from_wire, resolved_from_wire
 from .decide import PreparedPolicy, decide_prepared
 
-DEFAULT_POLICY = {
-    "strategy": "STRATEGY_EXPONENTIAL",
-    "baseMs": 1000,
-    "multiplier": 2.0,
-    "capMs": 600000,
-    "jitter": "JITTER_FULL",
-    "jitterRatio": 0.0,
-    "scheduleMs": [],
-    "maxAttempts": 10,
-    "maxRetryDurationMs": 0,
-    "nonRetryableErrors": [],
-    "terminal": "DISPOSITION_DROP",
-    "deadLetterQueue": "",
-}
-"""What a RetryPolicy with an empty spec resolves to: 10 runs, exponential 1s..10m, full jitter, drop."""
-DEFAULT_IDENTITY = "rebound/default"
+def _load_default():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default-policy.json"), "rb") as f:
+        doc = json.load(f)
+    return doc["resolved"], doc["identity"]
+
+
+DEFAULT_POLICY, DEFAULT_IDENTITY = _load_default()
+"""What a RetryPolicy with an empty spec resolves to (clients/conformance/default-policy.json):
+10 runs, exponential 1s..10m, full jitter, then drop (the task ends FAILURE, nothing discarded)."""
 MAX_JOB_ID_BYTES = 512
 MAX_ERROR_CLASS_BYTES = 253
 LAST_RESORT_DELAY_MS = 5000
@@ -43,12 +38,20 @@ LAST_RESORT_DELAY_MS = 5000
 _instances = weakref.WeakSet()
 
 
+try:  # Celery's logger hierarchy: the worker's handlers, format and level (-l) apply
+    from celery.utils.log import get_logger as _get_logger
+except ImportError:  # pragma: no cover - Celery is a dependency
+    _get_logger = logging.getLogger
+logger = _get_logger("rebound_celery")
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+
+
 def _log(level, event, **fields):
-    """One JSON line on stderr (structured fields); never raises."""
+    """One log record through Celery's logger whose message is a JSON object; never raises."""
     try:
-        fields = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level,
-                  "event": event, "pid": os.getpid(), **fields}
-        sys.stderr.write(json.dumps(fields, default=str) + "\n")
+        lvl = _LEVELS[level]
+        if logger.isEnabledFor(lvl):
+            logger.log(lvl, "%s", json.dumps({"event": event, "pid": os.getpid(), **fields}, default=str))
     except Exception:  # a logger must never break the retry path
         pass
 
@@ -95,16 +98,32 @@ def _cause(err):
             grpc.StatusCode.NOT_FOUND: "not_found"}.get(code, "other")
 
 
-class Rebound:
-    """One per process (or per app); safe under threads and across fork."""
+_UNREACHABLE = ("unavailable", "deadline_exceeded")
 
-    def __init__(self, target=None, deadline_ms=250, default_policy=None):
-        self.target = target or os.environ.get("REBOUND_TARGET", "127.0.0.1:7411")
-        self.client = AdvisorClient(self.target, deadline_ms / 1000.0)
+
+class Rebound:
+    """One per process (or per target); safe under threads and across fork.
+
+    ``strict=False`` keeps a malformed target from raising here: every answer is then a
+    fallback (the worker refuses such a target at start, see :mod:`rebound_celery.worker`).
+    """
+
+    def __init__(self, target=None, deadline_ms=250, default_policy=None, strict=True):
+        self.target = target or os.environ.get("REBOUND_TARGET") or "127.0.0.1:7411"
+        self.target_error = None
+        try:
+            self.client = AdvisorClient(self.target, deadline_ms / 1000.0)
+        except TargetError as err:
+            if strict:
+                raise
+            self.client, self.target_error = None, str(err)
         self.default = PreparedPolicy(default_policy or DEFAULT_POLICY, DEFAULT_IDENTITY)
         self._lock = threading.Lock()
         self._policies = {}  # queue -> (configHash, resolved, PreparedPolicy)
         self._refreshing = set()
+        self._absent = set()  # queues the sidecar has no policy for (NOT_FOUND)
+        self.queues = set()  # the queues of this worker (prefetched at start)
+        self._prefetch_pending = False  # the start's prefetch did not reach the sidecar
         self.counters = {"decisions": {}, "fallback": {}, "dead_lettered": 0, "dropped": 0}
         _instances.add(self)
 
@@ -129,39 +148,101 @@ class Rebound:
         with self._lock:
             return self._policies.get(queue)
 
-    def refresh(self, queue):
-        """Fetches the queue's policy now (the caller's thread); True on success."""
+    def _fetch(self, queue, timeout=None, quiet=False):
+        """GetPolicy for the queue now (the caller's thread): None on success, else the cause."""
+        if self.client is None:
+            return "bad_target"
         try:
-            res = self.client.get_policy(queue)
+            res = self.client.get_policy(queue, timeout=timeout)
         except Exception as err:
-            _log("warn", "rebound.get_policy_failed", queue=queue, cause=_cause(err), error=str(err)[:300])
-            return False
+            cause = _cause(err)
+            if cause == "not_found":
+                with self._lock:
+                    self._absent.add(queue)
+            if not quiet and cause != "not_found":
+                _log("warn", "rebound.get_policy_failed", queue=queue, target=self.target, cause=cause,
+                     error=str(err)[:300])
+            return cause
         ref = res.policy
         resolved = resolved_from_wire(res.resolved)
         prepared = PreparedPolicy(resolved, f"{ref.namespace}/{ref.name}")
         with self._lock:
             self._policies[queue] = (ref.config_hash, resolved, prepared)
+            self._absent.discard(queue)
         _log("info", "rebound.policy_fetched", queue=queue, policy=f"{ref.namespace}/{ref.name}",
-             config_hash=ref.config_hash)
-        return True
+             config_hash=ref.config_hash, target=self.target)
+        return None
 
-    def _refresh_in_background(self, queue):
+    def refresh(self, queue):
+        """Fetches the queue's policy now (the caller's thread); True on success."""
+        return self._fetch(queue) is None
+
+    def prefetch(self, queues, timeout_s=1.0, quiet=False):
+        """Loads the policy of every queue now, in the caller's thread (the worker's main
+        process, before the pool forks: children inherit the answers). Never raises.
+
+        Returns ``{queue: None | cause}``. With the sidecar unreachable, one warning naming
+        the target (``quiet``: at debug level); the queues are prefetched again after the
+        next sidecar answer.
+        """
+        queues = sorted({str(q) for q in queues if q})
         with self._lock:
-            if queue in self._refreshing:
+            self.queues.update(queues)
+        out = {}
+        for q in queues:
+            cause = out.get(q) or self._fetch(q, timeout=timeout_s, quiet=True)
+            out[q] = cause
+            if cause in _UNREACHABLE or cause == "bad_target":
+                for rest in queues:
+                    out.setdefault(rest, cause)
+                break
+        down = [c for c in out.values() if c in _UNREACHABLE]
+        with self._lock:
+            self._prefetch_pending = bool(down)
+        if down:
+            _log("debug" if quiet else "warn", "rebound.sidecar_unreachable", target=self.target, cause=down[0], queues=queues,
+                 policy_source="default")
+        else:
+            _log("info", "rebound.prefetched", target=self.target, queues=[q for q in queues if out[q] is None],
+                 without_policy=[q for q in queues if out[q] == "not_found"],
+                 failed=[q for q in queues if out[q] not in (None, "not_found")])
+        return out
+
+    def missing_queues(self):
+        with self._lock:
+            return sorted(q for q in self.queues if q not in self._policies and q not in self._absent)
+
+    def _in_background(self, key, fn):
+        with self._lock:
+            if key in self._refreshing:
                 return
-            self._refreshing.add(queue)
+            self._refreshing.add(key)
 
         def run():
             try:
-                self.refresh(queue)
+                fn()
+            except Exception:
+                pass
             finally:
                 with self._lock:
-                    self._refreshing.discard(queue)
+                    self._refreshing.discard(key)
 
         threading.Thread(target=run, name="rebound-refresh", daemon=True).start()
 
+    def _refresh_in_background(self, queue):
+        self._in_background(("queue", queue), lambda: self._fetch(queue))
+
+    def prefetch_in_background(self, quiet=False):
+        """The worker's queues without a policy yet, fetched in a thread (children, reconnect)."""
+        def run():
+            missing = self.missing_queues()
+            if missing:
+                self.prefetch(missing, quiet=quiet)
+        self._in_background("prefetch", run)
+
     def decide(self, queue, attempt, **context):
-        """The answer for this failure (a dict, ``source`` = sidecar | fallback | default)."""
+        """The answer for this failure: a dict in DecideResponse's JSON names plus ``source``
+        (sidecar | fallback) and ``policySource`` (sidecar | cached | default). Never raises."""
         try:
             f = normalise_failure(queue, attempt, **context)
         except Exception:
@@ -169,25 +250,34 @@ class Rebound:
         try:
             return self._decide(f)
         except Exception as err:  # never raise from the retry path
-            _log("error", "rebound.fallback_failed", queue=f["queue"], error=repr(err)[:300])
-            return {"decision": "DECISION_RETRY", "delayMs": LAST_RESORT_DELAY_MS, "source": "last_resort",
+            _log("error", "rebound.fallback_failed", queue=f["queue"], target=self.target, error=repr(err)[:300])
+            return {"decision": "DECISION_RETRY", "delayMs": LAST_RESORT_DELAY_MS, "source": "fallback",
+                    "policySource": "default", "lastResort": True,
                     "disposition": "DISPOSITION_UNSPECIFIED", "deadLetterQueue": "",
                     "reason": "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage": "",
                     "budgetStretched": False, "budgetDelayMs": 0}
 
     def _decide(self, f):
-        req = pb.DecideRequest(queue=f["queue"], attempt=f["attempt"], job_id=f.get("jobId", ""),
-                               error_class=f.get("errorClass", ""),
-                               first_failure_unix_ms=f.get("firstFailureUnixMs", 0),
-                               retry_after_ms=f.get("retryAfterMs", 0))
         try:
+            if self.client is None:
+                raise TargetError(self.target_error)
+            req = pb.DecideRequest(queue=f["queue"], attempt=f["attempt"], job_id=f.get("jobId", ""),
+                                   error_class=f.get("errorClass", ""),
+                                   first_failure_unix_ms=f.get("firstFailureUnixMs", 0),
+                                   retry_after_ms=f.get("retryAfterMs", 0))
             answer = answer_from_wire(self.client.decide(req))
-            answer["source"] = "sidecar"
+            answer["source"] = answer["policySource"] = "sidecar"
             cached = self.cached_policy(f["queue"])
             if cached is None or cached[0] != answer["policy"]["configHash"]:
                 self._refresh_in_background(f["queue"])
+            with self._lock:
+                pending = self._prefetch_pending
+            if pending:  # back after a start without the sidecar: load the worker's queues now
+                with self._lock:
+                    self._prefetch_pending = False
+                self.prefetch_in_background()
         except Exception as err:
-            cause = _cause(err)
+            cause = "bad_target" if isinstance(err, TargetError) else _cause(err)
             cached = self.cached_policy(f["queue"])
             prepared = cached[2] if cached else self.default
             ctx = {k: f[k] for k in ("jobId", "errorClass", "firstFailureUnixMs", "retryAfterMs") if k in f}
@@ -195,12 +285,16 @@ class Rebound:
             answer = decide_prepared(prepared, f["attempt"], ctx)
             # A retry budget is one sidecar's schedule: a local answer is never stretched.
             answer["budgetStretched"], answer["budgetDelayMs"] = False, 0
-            answer["source"] = "fallback" if cached else "default"
+            answer["source"] = "fallback"
+            answer["policySource"] = "cached" if cached else "default"
+            if cause in _UNREACHABLE:
+                with self._lock:
+                    self._prefetch_pending = self._prefetch_pending or bool(self.queues)
             self._count("fallback", cause)
             self._count("fallback", "total")
-            if not cached:
-                self._count("fallback", "default_policy")
-            _log("warn", "rebound.fallback", queue=f["queue"], cause=cause, source=answer["source"],
+            self._count("fallback", "cached" if cached else "default_policy")
+            _log("warn", "rebound.fallback", queue=f["queue"], target=self.target, cause=cause,
+                 source="fallback", policy_source=answer["policySource"], policy=prepared.identity,
                  attempt=f["attempt"], decision=answer["decision"], delay_ms=answer["delayMs"])
         self._count("decisions", answer["decision"] if answer["decision"] == "DECISION_RETRY" else answer["reason"])
         return answer

@@ -4,7 +4,7 @@
 // no queue are passed, so the adapter attaches to the queue and the job id travels in
 // `backoff.options`. Returning -1 sends the job to the failed set.
 
-const { runHook } = require('./hook');
+const { runHook, replayDeadLetter } = require('./hook');
 const { BACKOFF_TYPE, newKey } = require('./bullmq');
 
 function createBullAdapter(rebound) {
@@ -40,6 +40,8 @@ function createBullAdapter(rebound) {
           queue: queue.name,
           jobId,
           attemptsMade,
+          // Runs cut short by a dead worker: Bull counts them in the job hash's `stalledCounter`.
+          stalledRuns: async () => (jobId === '' ? 0 : Number((await queue.client.hget(queue.toKey(jobId), 'stalledCounter')) || 0)),
           err,
           // name and data are read from Redis only if the job is dead-lettered
           redis: jobId === '' ? null : bullJobHash(queue, jobId),
@@ -71,6 +73,8 @@ function createBullAdapter(rebound) {
       if (!drops.delete(id)) return;
       job.remove().catch((e) => rebound.hookError(queue.name, id, 'drop', e));
     });
+    // The queue's policy now, before any job fails (the fallback's copy during an outage).
+    rebound.prefetch(queue.name);
     return queue;
   }
 
@@ -92,7 +96,10 @@ function createBullAdapter(rebound) {
     return { job, key: jobOpts.jobId };
   }
 
-  return { attach, jobOptions, add };
+  /** Puts a dead-lettered job back on its source queue with the same key; removes the dead-letter job last. */
+  const replay = (deadLetterJob, queue, opts = {}) => replayDeadLetter(add, deadLetterJob, queue, opts);
+
+  return { attach, jobOptions, add, replay };
 }
 
 function bullJobHash(queue, jobId) {

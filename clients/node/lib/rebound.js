@@ -404,7 +404,9 @@ class ReboundCore extends EventEmitter {
     if (this.closed || list.length === 0) return;
     for (const q of list) this.queues.add(q);
     const causes = await Promise.all(list.map((q) => this.refresh(q)));
-    const missed = list.filter((q, i) => !this.policies.has(q) && causes[i] !== undefined && causes[i] !== 'not_found');
+    // Unreachable (not running, not listening yet, too slow): fetched again once it answers.
+    // Any other answer (NOT_FOUND: no policy governs the queue; an error) is the answer.
+    const missed = list.filter((q, i) => !this.policies.has(q) && (causes[i] === 'unavailable' || causes[i] === 'deadline_exceeded'));
     if (missed.length === 0) return;
     for (const q of missed) this.unfetched.add(q);
     if (!this.warnedUnreachable) {
@@ -429,7 +431,7 @@ class ReboundCore extends EventEmitter {
       if (this.client.down()) return;
       for (const q of [...this.unfetched]) {
         this.refresh(q).then((cause) => {
-          if (this.policies.has(q) || cause === 'not_found') {
+          if (this.policies.has(q) || (cause !== 'unavailable' && cause !== 'deadline_exceeded')) {
             if (this.unfetched.delete(q) && this.policies.has(q)) {
               this.logger.info({ event: 'rebound.prefetched', queue: q, target: this.target }, 'policy loaded after the sidecar came back');
             }

@@ -136,6 +136,8 @@ export interface FallbackEvent {
   attempt: number;
   cause: 'unavailable' | 'deadline_exceeded' | 'not_found' | 'other';
   code: number | null;
+  /** The gRPC status message (or the error's message). */
+  details: string;
   policySource: 'cached' | 'default';
 }
 export interface DeadLetterEvent {

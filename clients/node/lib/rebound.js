@@ -322,13 +322,15 @@ class ReboundCore extends EventEmitter {
     fb.total++;
     fb[cause]++;
     if (!cached) fb.default_policy++;
-    const event = { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, cause, code, policySource: answer.policySource };
+    // The status message tells "not listening" from "listening, no configuration loaded yet".
+    const details = err && typeof err.details === 'string' ? err.details : String((err && err.message) || '');
+    const event = { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, cause, code, details, policySource: answer.policySource };
     const logKey = `${f.queue}\u0000${cause}`;
     const now = Date.now();
     if (!(now - (this.lastLog.get(logKey) ?? -Infinity) < LOG_EVERY_MS)) {
       this.lastLog.set(logKey, now);
       this.logger.warn(
-        { event: 'rebound.fallback', queue: f.queue, cause, code, policySource: answer.policySource, target: this.target },
+        { event: 'rebound.fallback', queue: f.queue, cause, code, details, policySource: answer.policySource, target: this.target },
         'sidecar did not answer; decided locally',
       );
     }

@@ -77,8 +77,13 @@ function createBullMQAdapter(rebound) {
       queue: job && job.queueName,
       jobId: job && job.id,
       attemptsMade,
-      // Runs cut short by a dead worker: BullMQ counts them in the job's `stc` field.
-      stalledRuns: () => (job && Number.isInteger(job.stalledCounter) ? job.stalledCounter : 0),
+      // Runs cut short by a dead worker: stalls BullMQ counted (`stc`) that led to another
+      // start (`ats` counts every start, this run included).
+      stalledRuns: (failures) => {
+        const stalled = job && Number.isInteger(job.stalledCounter) ? job.stalledCounter : 0;
+        const started = job && Number.isInteger(job.attemptsStarted) ? job.attemptsStarted : 0;
+        return Math.min(stalled, Math.max(0, started - failures));
+      },
       err,
       name: job && job.name,
       data: job && job.data,

@@ -63,10 +63,12 @@ function deadLetterJobId(queue, key) {
 
 /**
  * Runs one hook call. Never rejects: every problem is absorbed, counted and logged.
- * spec: { queue, jobId, attemptsMade, stalledRuns() → Promise<number>, err, name, data, redis,
- *         deadLetter(dlq, jobId, payload), drop(answer) → removed:boolean }
- * The attempt sent is the number of runs made: the library's count including this failure,
- * plus the runs cut short by a dead worker (returned to the queue by the stalled check).
+ * spec: { queue, jobId, attemptsMade, stalledRuns(failures) → number | Promise<number>, err,
+ *         name, data, redis, deadLetter(dlq, jobId, payload), drop(answer) → removed:boolean }
+ * The attempt sent is the number of runs made: the library's count of failures including
+ * this one, plus the runs cut short by a dead worker: runs the stalled check returned to the
+ * queue AND that were started again (a stall counted while the run's own result still
+ * landed, e.g. a lock that expired during a Redis outage, is no extra run).
  * Returns the delay in ms, or -1 to give up.
  */
 async function runHook(rebound, spec) {
@@ -75,7 +77,7 @@ async function runHook(rebound, spec) {
   let attempt = normaliseAttempt(spec.attemptsMade);
   try {
     try {
-      const stalled = spec.stalledRuns ? Number(await withTimeout(Promise.resolve(spec.stalledRuns()), REDIS_TIMEOUT_MS, 'stalled runs')) : 0;
+      const stalled = spec.stalledRuns ? Number(await withTimeout(Promise.resolve(spec.stalledRuns(attempt)), REDIS_TIMEOUT_MS, 'stalled runs')) : 0;
       if (Number.isInteger(stalled) && stalled > 0) attempt = normaliseAttempt(attempt + stalled);
     } catch (e) {
       rebound.hookError(queue, jobId, 'stalledRuns', e);

@@ -134,3 +134,23 @@ test('sidecar down at start: the worker starts, one warning names the target, th
     await server?.close();
   }
 });
+
+test('prefetch: an answer that is not "unreachable" (NOT_FOUND, INVALID_ARGUMENT) is final: no warning, no retrying', async () => {
+  const lines = [];
+  const logger = { info: (f) => lines.push(f), warn: (f) => lines.push(f), error: (f) => lines.push(f) };
+  const server = await startAdvisor({
+    decide: () => ({ error: { code: grpc.status.UNAVAILABLE } }),
+    getPolicy: (req) => ({ error: { code: req.queue === 'ungoverned' ? grpc.status.NOT_FOUND : grpc.status.INVALID_ARGUMENT, details: 'no' } }),
+  });
+  const rebound = createRebound({ target: server.target, logger });
+  try {
+    await rebound.prefetch(['ungoverned', 'x'.repeat(300)]);
+    await new Promise((r) => setTimeout(r, 1200)); // two retry periods
+    assert.equal(server.requests.GetPolicy.length, 2, 'asked once each');
+    assert.deepEqual(lines.filter((l) => l.event === 'rebound.sidecar_unreachable'), []);
+    assert.equal(rebound.unfetched.size, 0);
+  } finally {
+    await rebound.close();
+    await server.close();
+  }
+});

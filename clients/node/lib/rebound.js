@@ -402,6 +402,15 @@ class ReboundCore extends EventEmitter {
    * every queue was asked once.
    */
   async prefetch(queues) {
+    try {
+      await this.prefetchQueues(queues);
+    } catch (e) {
+      // A logger that throws, say: never an unhandled rejection out of Worker creation.
+      this.hookError('', '', 'prefetch', e);
+    }
+  }
+
+  async prefetchQueues(queues) {
     const list = [...new Set([].concat(queues).filter((q) => typeof q === 'string' && q !== ''))];
     if (this.closed || list.length === 0) return;
     for (const q of list) this.queues.add(q);

@@ -367,12 +367,11 @@ for (const lib of ['bullmq', 'bull']) {
 }
 
 // ---------------------------------------------------------------------------------------
-// sidecar-down-at-start and sidecar-restart-reconnects test the adapter's core (the
-// prefetch and the gRPC channel), the same for both libraries: BullMQ only. The others run
-// on both, the hook being the libraries' own.
+// The rest: the sidecar and Redis going away, and faults, on both libraries.
 
-scenario('sidecar-down-at-start', 'bullmq', 'the worker starts without a sidecar, says so naming the target, and uses the sidecar once it is up', async (t, expect) => {
-  const ctx = await setup(t, 'bullmq');
+for (const lib of ['bullmq', 'bull']) {
+scenario('sidecar-down-at-start', lib, 'the worker starts without a sidecar, says so naming the target, and uses the sidecar once it is up', async (t, expect) => {
+  const ctx = await setup(t, lib);
   if (sidecar.proc?.alive()) await sidecar.proc.stop('SIGKILL');
   const w = await ctx.worker({ queues: ['fixed-3'], logEvents: true });
   assert.equal(expect.workerStarts, true);
@@ -395,6 +394,7 @@ scenario('sidecar-down-at-start', 'bullmq', 'the worker starts without a sidecar
   assert.deepEqual([d1.source, d1.policySource], ['sidecar', expect.thenPolicySource ?? 'sidecar']);
   assert.equal(w.rebound.policies.get('fixed-3').ref.name, 'fixed-3');
 });
+}
 
 for (const lib of ['bullmq', 'bull']) {
 scenario('adapter-error-never-hands-to-library', lib, 'a sidecar error answer and a fault inside the adapter: the policy decides locally, the hook never throws', async (t, expect) => {
@@ -436,9 +436,10 @@ scenario('adapter-error-never-hands-to-library', lib, 'a sidecar error answer an
 });
 }
 
-scenario('sidecar-restart-reconnects', 'bullmq', 'sidecar SIGKILLed and restarted three times while jobs fail: back on the sidecar quickly, no job lost', async (t, expect) => {
+for (const lib of ['bullmq', 'bull']) {
+scenario('sidecar-restart-reconnects', lib, 'sidecar SIGKILLed and restarted three times while jobs fail: back on the sidecar quickly, no job lost', async (t, expect) => {
   await ensureSidecar();
-  const ctx = await setup(t, 'bullmq');
+  const ctx = await setup(t, lib);
   await ctx.worker({ queues: ['fixed-3'], concurrency: 8 });
   const keys = [];
   let feeding = true;
@@ -469,11 +470,13 @@ scenario('sidecar-restart-reconnects', 'bullmq', 'sidecar SIGKILLed and restarte
   t.diagnostic(`sidecar listening again → first answer from it: ${figures.map((f) => `${f.backMs} ms after ${f.downMs} ms down`).join(', ')} (design bound ${expect.backToSidecarWithinMs} ms)`);
   for (const f of figures) assert.ok(f.backMs <= assertedBound(expect), `${f.backMs} ms after ${f.downMs} ms down`);
   for (const key of keys) await settled(ctx, 'fixed-3', key, 'completed');
-  const counts = await ctx.queue('fixed-3').getJobCounts('wait', 'active', 'delayed', 'completed', 'failed');
+  const raw = lib === 'bull' ? await ctx.queue('fixed-3').getJobCounts() : await ctx.queue('fixed-3').getJobCounts('wait', 'active', 'delayed', 'completed', 'failed');
+  const counts = { wait: raw.wait ?? raw.waiting, active: raw.active, delayed: raw.delayed, completed: raw.completed, failed: raw.failed };
   assert.deepEqual(counts, { wait: 0, active: 0, delayed: 0, completed: keys.length, failed: 0 }, 'no job lost');
   assert.equal(expect.jobsLost, 0);
   for (const key of keys) assert.equal(runsOf(ctx, key).length, 3, key);
 });
+}
 
 for (const lib of ['bullmq', 'bull']) {
 scenario('broker-restart', lib, 'Redis stopped and started again mid-run: no job lost, none past maxAttempts', async (t, expect) => {

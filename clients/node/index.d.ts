@@ -93,7 +93,10 @@ export interface ReboundOptions {
   refreshIntervalMs?: number;
   /** The policy used when the sidecar cannot answer and no policy was ever fetched for the queue. */
   defaultPolicy?: ResolvedPolicy;
-  /** On a `drop` give-up, remove the job from the failed set (default true). */
+  /**
+   * On a `drop` give-up, also remove the job from the failed set (default false: drop
+   * leaves the job in the library's failed set, as the contract says). Opt-in, like `removeOnFail`.
+   */
   dropRemoves?: boolean;
   /** Structured logger (pino-style); `false` silences. Default: JSON lines on stderr. */
   logger?: Logger | false;
@@ -133,6 +136,8 @@ export interface FallbackEvent {
   attempt: number;
   cause: 'unavailable' | 'deadline_exceeded' | 'not_found' | 'other';
   code: number | null;
+  /** The gRPC status message (or the error's message). */
+  details: string;
   policySource: 'cached' | 'default';
 }
 export interface DeadLetterEvent {
@@ -165,7 +170,10 @@ export interface DeadLetter<T = unknown> {
   name: string;
   data: T;
   key: string;
+  /** The attempt that gave up (1-based). */
   attempt: number;
+  /** The runs actually made (the same number; runs cut short by a dead worker included). */
+  attempts: number;
   reason: GiveUpReasonName;
   reasonMessage: string;
   error: { name: string; message: string; class: string };
@@ -188,26 +196,42 @@ export interface ReboundJobOptions {
   [option: string]: unknown;
 }
 
+/** A queue `add` can enqueue on (BullMQ's `Queue`, Bull's `Queue`); `job` is what its `add` resolves to. */
+export interface AddableQueue {
+  name: string;
+  add(name: string, data: any, opts?: any): Promise<unknown>;
+}
+/** The job `queue.add` resolves to: BullMQ's `Job<T>`, Bull's `Job<T>`. */
+export type JobOf<Q extends AddableQueue> = Awaited<ReturnType<Q['add']>>;
+
+/** A queue `replay` puts a dead letter back on. */
+export interface ReplayQueue extends AddableQueue {
+  getJob(id: string): Promise<unknown>;
+}
+
 export interface BullMQAdapter {
-  /** `{ backoffStrategy }`: pass as (or spread into) the Worker's `settings`. */
-  settings(): { backoffStrategy: BullMQBackoffStrategy };
+  /**
+   * `{ backoffStrategy }`: pass as (or spread into) the Worker's `settings`. Given the
+   * Worker's queue name(s), their policies are fetched now, as the Worker is created.
+   */
+  settings(queues?: string | string[]): { backoffStrategy: BullMQBackoffStrategy };
   /** The hook itself. Never rejects. */
   backoffStrategy: BullMQBackoffStrategy;
   /** Job options for `queue.add(name, data, opts)`: jobId = key, attempts, backoff. */
   jobOptions(queueName: string, opts?: EnqueueOptions): Promise<ReboundJobOptions>;
-  /** Enqueues with `jobOptions`; resolves to the job and its key. */
-  add<T = unknown>(
-    queue: { name: string; add(name: string, data: T, opts?: object): Promise<any> },
-    name: string,
-    data: T,
+  /** Enqueues with `jobOptions`; resolves to the job (as `queue.add` returns it) and its key. */
+  add<Q extends AddableQueue>(
+    queue: Q,
+    name: Parameters<Q['add']>[0],
+    data: Parameters<Q['add']>[1],
     opts?: EnqueueOptions,
-  ): Promise<{ job: any; key: string }>;
+  ): Promise<{ job: JobOf<Q>; key: string }>;
   /** Puts a dead-lettered job back on its source queue with the same key; removes the dead-letter job last. */
-  replay(
-    deadLetterJob: { data: DeadLetter; remove(): Promise<void> },
-    queue: { name: string; add(name: string, data: any, opts?: object): Promise<any>; getJob(id: string): Promise<any> },
+  replay<Q extends ReplayQueue>(
+    deadLetterJob: { data: DeadLetter; remove(): Promise<unknown> },
+    queue: Q,
     opts?: Omit<EnqueueOptions, 'key'>,
-  ): Promise<{ job: any; key: string }>;
+  ): Promise<{ job: JobOf<Q>; key: string }>;
 }
 
 export type BullMQBackoffStrategy = (
@@ -221,17 +245,33 @@ export interface BullAdapter {
   /** Registers the `rebound` backoff strategy on a Bull 4 queue (and the drop clean-up). Returns the queue. */
   attach<Q>(queue: Q): Q;
   jobOptions(queueName: string, opts?: EnqueueOptions): Promise<ReboundJobOptions>;
-  add<T = unknown>(
-    queue: { name: string; add(name: string, data: T, opts?: object): Promise<any> },
+  /** Enqueues with `jobOptions` (Bull's `add(name, data, opts)`); resolves to the job and its key. */
+  add<Q extends AddableQueue>(
+    queue: Q,
     name: string,
-    data: T,
+    data: Parameters<Q['add']>[1],
     opts?: EnqueueOptions,
-  ): Promise<{ job: any; key: string }>;
+  ): Promise<{ job: JobOf<Q>; key: string }>;
+  /** As BullMQ's `replay`. */
+  replay<Q extends ReplayQueue>(
+    deadLetterJob: { data: DeadLetter; remove(): Promise<unknown> },
+    queue: Q,
+    opts?: Omit<EnqueueOptions, 'key'>,
+  ): Promise<{ job: JobOf<Q>; key: string }>;
 }
 
-export interface Rebound extends EventEmitter {
+/** The adapter (one per process): the sidecar client, the fallback, both libraries' hooks. */
+export class Rebound extends EventEmitter {
+  constructor(options?: ReboundOptions);
+  readonly target: string;
   bullmq: BullMQAdapter;
   bull: BullAdapter;
+  /**
+   * Fetches the policies of the queues the worker consumes (done by `bullmq.settings(queues)`
+   * and `bull.attach`). With the sidecar down: one warning naming the target, fetched again
+   * once it is back. Never rejects.
+   */
+  prefetch(queues: string | string[]): Promise<void>;
   /** Asks the sidecar (falls back locally); never rejects. */
   decide(failure: Failure): Promise<Answer>;
   /** The cached policy of a queue (fetching it when absent); null when none is known. */

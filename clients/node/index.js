@@ -1,17 +1,26 @@
 'use strict';
 // @rebound-dev/node: Rebound retry policies for BullMQ and Bull workers. See README.md.
 
-const { Rebound, LIBRARY_ATTEMPTS, DEFAULT_POLICY } = require('./lib/rebound');
+const { ReboundCore, LIBRARY_ATTEMPTS, DEFAULT_POLICY } = require('./lib/rebound');
 const { createBullMQAdapter } = require('./lib/bullmq');
 const { createBullAdapter } = require('./lib/bull');
 const { decideLocal } = require('./lib/decide');
 
-/** Creates an adapter instance: one per process is enough (it holds one gRPC channel). */
+/**
+ * The adapter: one per process is enough (it holds one gRPC channel). `rebound.bullmq`
+ * and `rebound.bull` carry the two libraries' hooks.
+ */
+class Rebound extends ReboundCore {
+  constructor(options = {}) {
+    super(options);
+    this.bullmq = createBullMQAdapter(this);
+    this.bull = createBullAdapter(this);
+  }
+}
+
+/** `new Rebound(options)`. */
 function createRebound(options = {}) {
-  const rebound = new Rebound(options);
-  rebound.bullmq = createBullMQAdapter(rebound);
-  rebound.bull = createBullAdapter(rebound);
-  return rebound;
+  return new Rebound(options);
 }
 
 /** The idempotency key of a job enqueued through Rebound: its id. */
@@ -19,4 +28,4 @@ function keyOf(job) {
   return String(job.id);
 }
 
-module.exports = { createRebound, keyOf, LIBRARY_ATTEMPTS, DEFAULT_POLICY, decideLocal };
+module.exports = { Rebound, createRebound, keyOf, LIBRARY_ATTEMPTS, DEFAULT_POLICY, decideLocal };

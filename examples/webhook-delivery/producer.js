@@ -5,7 +5,7 @@
 //   REDIS_URL=redis://127.0.0.1:6379 RECEIVER_URL=http://127.0.0.1:8080/hooks node producer.js 20
 
 const { Queue } = require('bullmq');
-const { createRebound } = require('@rebound-dev/node');
+const { Rebound } = require('@rebound-dev/node');
 const { QUEUE, connection } = require('./worker');
 
 /** Enqueues `count` events for `url`; resolves to [{key, eventId}]. */
@@ -23,7 +23,7 @@ module.exports = { enqueue };
 
 if (require.main === module) {
   (async () => {
-    const rebound = createRebound();
+    const rebound = new Rebound();
     const queue = new Queue(QUEUE, { connection: connection(process.env.REDIS_URL || 'redis://127.0.0.1:6379') });
     const sent = await enqueue({ queue, rebound, url: process.env.RECEIVER_URL, count: Number(process.argv[2] || 10) });
     for (const s of sent) console.log(`${s.eventId} key ${s.key}`);

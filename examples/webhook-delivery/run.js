@@ -8,7 +8,7 @@
 // Needs a sidecar that serves policy.yaml (dev/demo.sh sets all of it up).
 
 const { Queue } = require('bullmq');
-const { createRebound } = require('@rebound-dev/node');
+const { Rebound } = require('@rebound-dev/node');
 const { createReceiver } = require('./receiver');
 const { QUEUE, startWorker, connection, errorClass } = require('./worker');
 const { enqueue } = require('./producer');
@@ -24,7 +24,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  */
 async function runDelivery({ redisUrl, target, count = 300, seed = 'rebound', receiver: receiverOptions = {}, timeoutMs = 1000, deadlineMs, settleTimeoutMs = 180_000 }) {
   const receiver = await createReceiver({ seed, hangMs: 2 * timeoutMs, ...receiverOptions });
-  const rebound = createRebound({ target, errorClass, logger: false, deadlineMs });
+  const rebound = new Rebound({ target, errorClass, logger: false, deadlineMs });
   const attempts = [];
   const decisions = [];
   const deadLetters = [];

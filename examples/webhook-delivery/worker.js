@@ -7,7 +7,7 @@
 //   REDIS_URL=redis://127.0.0.1:6379 REBOUND_TARGET=127.0.0.1:7411 node worker.js
 
 const { Worker } = require('bullmq');
-const { createRebound, keyOf } = require('@rebound-dev/node');
+const { Rebound, keyOf } = require('@rebound-dev/node');
 
 const QUEUE = 'webhook-delivery';
 
@@ -38,7 +38,7 @@ function errorClass(err) {
  * Worker and the adapter.
  */
 function startWorker({ redisUrl, rebound, timeoutMs = 1000, concurrency = 16, onAttempt = () => {} } = {}) {
-  rebound ||= createRebound({ errorClass });
+  rebound ||= new Rebound({ errorClass });
   const worker = new Worker(
     QUEUE,
     async (job) => {
@@ -61,7 +61,8 @@ function startWorker({ redisUrl, rebound, timeoutMs = 1000, concurrency = 16, on
         onAttempt(seen);
       }
     },
-    { connection: connection(redisUrl), concurrency, settings: rebound.bullmq.settings() },
+    // The queue's policy is fetched now, as the Worker is created (the fallback's copy).
+    { connection: connection(redisUrl), concurrency, settings: rebound.bullmq.settings(QUEUE) },
   );
   return { worker, rebound };
 }
@@ -70,7 +71,7 @@ module.exports = { QUEUE, startWorker, connection, errorClass };
 
 if (require.main === module) {
   const { worker, rebound } = startWorker({ redisUrl: process.env.REDIS_URL || 'redis://127.0.0.1:6379' });
-  rebound.on('decision', (d) => console.log(JSON.stringify({ event: 'decision', key: d.jobId, attempt: d.attempt, decision: d.decision, delayMs: d.delayMs, source: d.source })));
+  rebound.on('decision', (d) => console.log(JSON.stringify({ event: 'decision', key: d.jobId, attempt: d.attempt, decision: d.decision, delayMs: d.delayMs, source: d.source, policySource: d.policySource })));
   rebound.on('deadLetter', (d) => console.log(JSON.stringify({ event: 'deadLetter', key: d.key, queue: d.deadLetterQueue, reason: d.reason })));
   worker.on('completed', (job) => console.log(JSON.stringify({ event: 'delivered', key: keyOf(job) })));
   process.once('SIGTERM', () => worker.close().then(() => rebound.close()));

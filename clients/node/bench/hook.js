@@ -32,7 +32,7 @@ const opt = (name, dflt) => {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? args[i + 1] : dflt;
 };
-const SIDECAR = opt('sidecar', path.join(REPO, 'target', 'release', 'rebound-sidecar'));
+const SIDECAR = opt('sidecar', path.join(process.env.CARGO_TARGET_DIR ? path.resolve(REPO, process.env.CARGO_TARGET_DIR) : path.join(REPO, 'target'), 'release', 'rebound-sidecar'));
 const POLICIES = opt('policies', path.join(REPO, 'examples', 'policies', 'webhooks.yaml'));
 const CALLS = Number(opt('calls', 2000));
 const ROUNDS = Number(opt('rounds', 10));

@@ -4,8 +4,11 @@
 // no queue are passed, so the adapter attaches to the queue and the job id travels in
 // `backoff.options`. Returning -1 sends the job to the failed set.
 
-const { runHook } = require('./hook');
+const { runHook, replayDeadLetter } = require('./hook');
 const { BACKOFF_TYPE, newKey } = require('./bullmq');
+
+/** The job-hash field counting the job's starts (Bull 4 has no attemptsStarted). */
+const STARTS_FIELD = 'rebound:starts';
 
 function createBullAdapter(rebound) {
   const deadLetterQueues = new Map();
@@ -40,6 +43,13 @@ function createBullAdapter(rebound) {
           queue: queue.name,
           jobId,
           attemptsMade,
+          // Runs cut short by a dead worker: stalls Bull counted (`stalledCounter`) that led to
+          // another start (counted by the 'active' listener below, this run included).
+          stalledRuns: async (failures) => {
+            if (jobId === '') return 0;
+            const [stalled, started] = await queue.client.hmget(queue.toKey(jobId), 'stalledCounter', STARTS_FIELD);
+            return Math.min(Number(stalled) || 0, Math.max(0, (Number(started) || 0) - failures));
+          },
           err,
           // name and data are read from Redis only if the job is dead-lettered
           redis: jobId === '' ? null : bullJobHash(queue, jobId),
@@ -65,12 +75,20 @@ function createBullAdapter(rebound) {
         });
       },
     };
+    // Every start of a job by this queue instance, counted in the job's hash (Bull keeps
+    // no such count): a stalled run that was started again counts as a run.
+    queue.on('active', (job) => {
+      if (!job || job.id === undefined) return;
+      queue.client.hincrby(queue.toKey(job.id), STARTS_FIELD, 1).catch((e) => rebound.hookError(queue.name, String(job.id), 'starts', e));
+    });
     // Bull emits 'failed' on the worker right after its move-to-failed script ran.
     queue.on('failed', (job) => {
       const id = String(job.id);
       if (!drops.delete(id)) return;
       job.remove().catch((e) => rebound.hookError(queue.name, id, 'drop', e));
     });
+    // The queue's policy now, before any job fails (the fallback's copy during an outage).
+    rebound.prefetch(queue.name);
     return queue;
   }
 
@@ -92,7 +110,10 @@ function createBullAdapter(rebound) {
     return { job, key: jobOpts.jobId };
   }
 
-  return { attach, jobOptions, add };
+  /** Puts a dead-lettered job back on its source queue with the same key; removes the dead-letter job last. */
+  const replay = (deadLetterJob, queue, opts = {}) => replayDeadLetter(add, deadLetterJob, queue, opts);
+
+  return { attach, jobOptions, add, replay };
 }
 
 function bullJobHash(queue, jobId) {

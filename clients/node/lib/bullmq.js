@@ -4,7 +4,7 @@
 // `backoff: { type: <custom> }`; returning -1 sends the job to the failed set.
 
 const crypto = require('node:crypto');
-const { runHook } = require('./hook');
+const { runHook, replayDeadLetter } = require('./hook');
 
 const BACKOFF_TYPE = 'rebound';
 
@@ -77,6 +77,13 @@ function createBullMQAdapter(rebound) {
       queue: job && job.queueName,
       jobId: job && job.id,
       attemptsMade,
+      // Runs cut short by a dead worker: stalls BullMQ counted (`stc`) that led to another
+      // start (`ats` counts every start, this run included).
+      stalledRuns: (failures) => {
+        const stalled = job && Number.isInteger(job.stalledCounter) ? job.stalledCounter : 0;
+        const started = job && Number.isInteger(job.attemptsStarted) ? job.attemptsStarted : 0;
+        return Math.min(stalled, Math.max(0, started - failures));
+      },
       err,
       name: job && job.name,
       data: job && job.data,
@@ -118,33 +125,21 @@ function createBullMQAdapter(rebound) {
     return { job, key: jobOpts.jobId };
   }
 
+  /** Puts a dead-lettered job back on its source queue with the same key (hook.js). */
+  const replay = (deadLetterJob, queue, opts = {}) => replayDeadLetter(add, deadLetterJob, queue, opts);
+
   /**
-   * Puts a dead-lettered job back on its source queue with the same key. Safe to run again
-   * after a crash: the dead-letter job is removed last, and a source job that is live again
-   * (not failed) is left alone.
+   * The Worker's `settings`. Given the Worker's queue name(s), it also fetches their
+   * policies now, as the Worker is created (before any job fails), for the fallback.
    */
-  async function replay(deadLetterJob, queue, opts = {}) {
-    const d = deadLetterJob && deadLetterJob.data;
-    if (!d || d.format !== 'rebound.dev/dead-letter/v1') {
-      throw new TypeError('deadLetterJob: not a Rebound dead-letter job (data.format)');
-    }
-    if (queue.name !== d.sourceQueue) {
-      throw new TypeError(`queue: the job came from ${JSON.stringify(d.sourceQueue)}, not ${JSON.stringify(queue.name)}`);
-    }
-    let job = await queue.getJob(d.key);
-    const state = job ? await job.getState() : 'unknown';
-    if (state === 'failed' || state === 'completed') {
-      await job.remove();
-      job = undefined;
-    }
-    if (!job) job = (await add(queue, d.name, d.data, { ...opts, key: d.key })).job;
-    await deadLetterJob.remove();
-    return { job, key: d.key };
+  function settings(queues) {
+    if (queues !== undefined) rebound.prefetch(queues);
+    return { backoffStrategy };
   }
 
   return {
     backoffStrategy,
-    settings: () => ({ backoffStrategy }),
+    settings,
     jobOptions,
     add,
     replay,

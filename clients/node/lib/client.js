@@ -29,23 +29,35 @@ const CHANNEL_OPTIONS = {
   'grpc.keepalive_time_ms': 30000,
 };
 
-/** Accepts `unix:///abs/path.sock`, `unix:/abs/path`, `host:port`; refuses anything else. */
-function checkTarget(target) {
-  if (typeof target !== 'string' || target === '') {
-    throw new TypeError('target: must be "unix:///path/to.sock" or "127.0.0.1:PORT"');
+/**
+ * Accepts `unix:///abs/path.sock`, `unix:/abs/path`, `host:port` (port 1–65535); refuses
+ * anything else with a TypeError naming REBOUND_TARGET (where the address usually comes
+ * from), so a worker fails at start-up, before any job runs.
+ */
+function checkTarget(target, from = 'target') {
+  const refuse = (why) => {
+    const err = new TypeError(`${from}: ${JSON.stringify(target)} ${why} (REBOUND_TARGET or the target option: "unix:///path/to.sock" or "127.0.0.1:PORT")`);
+    err.code = 'REBOUND_BAD_TARGET';
+    err.variable = 'REBOUND_TARGET';
+    return err;
+  };
+  if (typeof target !== 'string' || target === '') throw refuse('is empty or not a string');
+  if (target.startsWith('unix:')) {
+    if (!/^unix:(\/\/)?\/[^\0]+$/.test(target)) throw refuse('is not an absolute socket path');
+    return target;
   }
-  if (target.startsWith('unix:')) return target;
-  if (!/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(target)) {
-    throw new TypeError(`target: ${JSON.stringify(target)} is not "unix:///path" or "host:port"`);
-  }
+  const m = /^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(target);
+  if (!m) throw refuse('is not "unix:///path" or "host:port"');
+  const port = Number(m[2]);
+  if (port < 1 || port > 65535) throw refuse(`has port ${port}, outside 1–65535`);
   return target;
 }
 
 class AdvisorClient {
-  constructor(target, deadlineMs) {
+  constructor(target, deadlineMs, from) {
     const pkg = loadPackage();
     this.deadlineMs = deadlineMs;
-    this.stub = new pkg.RetryAdvisor(checkTarget(target), grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+    this.stub = new pkg.RetryAdvisor(checkTarget(target, from), grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
   }
 
   call(method, request) {
@@ -101,4 +113,4 @@ function policyRefFromWire(p) {
   return { name: p.name, namespace: p.namespace, generation: String(p.generation), configHash: p.config_hash };
 }
 
-module.exports = { AdvisorClient, loadPackage, resolvedFromWire, policyRefFromWire, LOADER_OPTIONS, PROTO, grpc };
+module.exports = { AdvisorClient, checkTarget, CHANNEL_OPTIONS, loadPackage, resolvedFromWire, policyRefFromWire, LOADER_OPTIONS, PROTO, grpc };

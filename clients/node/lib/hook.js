@@ -2,7 +2,7 @@
 // The hook logic both libraries share: first-failure bookkeeping, the decision, and the
 // disposition on give-up. Library specifics come in as small functions.
 
-const { LAST_RESORT_DELAY_MS, normaliseAttempt } = require('./rebound');
+const { normaliseAttempt } = require('./rebound');
 
 /** The job-hash field that holds the first failure's time (ms since the epoch). */
 const FIRST_FAILURE_FIELD = 'rebound:firstFailure';
@@ -63,15 +63,25 @@ function deadLetterJobId(queue, key) {
 
 /**
  * Runs one hook call. Never rejects: every problem is absorbed, counted and logged.
- * spec: { queue, jobId, attemptsMade, err, name, data, redis, deadLetter(dlq, jobId, payload),
- *         drop(answer) → removed:boolean }
+ * spec: { queue, jobId, attemptsMade, stalledRuns(failures) → number | Promise<number>, err,
+ *         name, data, redis, deadLetter(dlq, jobId, payload), drop(answer) → removed:boolean }
+ * The attempt sent is the number of runs made: the library's count of failures including
+ * this one, plus the runs cut short by a dead worker: runs the stalled check returned to the
+ * queue AND that were started again (a stall counted while the run's own result still
+ * landed, e.g. a lock that expired during a Redis outage, is no extra run).
  * Returns the delay in ms, or -1 to give up.
  */
 async function runHook(rebound, spec) {
   const queue = spec.queue;
   const jobId = spec.jobId === undefined || spec.jobId === null ? '' : String(spec.jobId);
+  let attempt = normaliseAttempt(spec.attemptsMade);
   try {
-    const attempt = normaliseAttempt(spec.attemptsMade);
+    try {
+      const stalled = spec.stalledRuns ? Number(await withTimeout(Promise.resolve(spec.stalledRuns(attempt)), REDIS_TIMEOUT_MS, 'stalled runs')) : 0;
+      if (Number.isInteger(stalled) && stalled > 0) attempt = normaliseAttempt(attempt + stalled);
+    } catch (e) {
+      rebound.hookError(queue, jobId, 'stalledRuns', e);
+    }
     const now = Date.now();
     const memKey = `${queue}\u0000${jobId}`;
     let ff;
@@ -107,6 +117,7 @@ async function runHook(rebound, spec) {
         data: spec.data ?? null,
         key: jobId,
         attempt,
+        attempts: attempt,
         reason: answer.reason,
         reasonMessage: answer.reasonMessage,
         error: errorSummary(spec.err, errorClass),
@@ -144,9 +155,36 @@ async function runHook(rebound, spec) {
     }
     return -1;
   } catch (e) {
+    // A fault in the adapter itself: still the policy's answer (computed locally), never
+    // the library's own retries and never an exception out of the hook.
     rebound.hookError(queue, jobId, 'hook', e);
-    return LAST_RESORT_DELAY_MS;
+    const answer = rebound.localAnswer({ queue, attempt, jobId }, e);
+    return answer.decision === 'DECISION_RETRY' ? answer.delayMs : -1;
   }
 }
 
-module.exports = { runHook, firstFailure, deadLetterJobId, FIRST_FAILURE_FIELD };
+/**
+ * Puts a dead-lettered job back on its source queue with the same key (BullMQ and Bull).
+ * Safe to run again after a crash: the dead-letter job is removed last, and a source job
+ * that is live again (not failed or completed) is left alone.
+ */
+async function replayDeadLetter(add, deadLetterJob, queue, opts) {
+  const d = deadLetterJob && deadLetterJob.data;
+  if (!d || d.format !== 'rebound.dev/dead-letter/v1') {
+    throw new TypeError('deadLetterJob: not a Rebound dead-letter job (data.format)');
+  }
+  if (!queue || queue.name !== d.sourceQueue) {
+    throw new TypeError(`queue: the job came from ${JSON.stringify(d.sourceQueue)}, not ${JSON.stringify(queue && queue.name)}`);
+  }
+  let job = await queue.getJob(d.key);
+  const state = job ? await job.getState() : 'unknown';
+  if (state === 'failed' || state === 'completed') {
+    await job.remove();
+    job = undefined;
+  }
+  if (!job) job = (await add(queue, d.name, d.data, { ...opts, key: d.key })).job;
+  await deadLetterJob.remove();
+  return { job, key: d.key };
+}
+
+module.exports = { runHook, replayDeadLetter, firstFailure, deadLetterJobId, FIRST_FAILURE_FIELD };

@@ -164,19 +164,28 @@ function checkOptions(o) {
   }
 }
 
-class Rebound extends EventEmitter {
+/** While a prefetched queue has no policy because the sidecar was unreachable: try again this often. */
+const PREFETCH_RETRY_MS = 500;
+
+class ReboundCore extends EventEmitter {
   constructor(options = {}) {
     super();
     checkOptions(options);
-    this.target = options.target || process.env.REBOUND_TARGET || '127.0.0.1:7411';
+    const fromEnv = options.target === undefined && process.env.REBOUND_TARGET !== undefined;
+    this.target = options.target ?? (fromEnv ? process.env.REBOUND_TARGET : '127.0.0.1:7411');
     this.deadlineMs = options.deadlineMs ?? 250;
     this.refreshIntervalMs = options.refreshIntervalMs ?? 30000;
     this.mapErrorClass = options.errorClass || defaultErrorClass;
     this.mapRetryAfter = options.retryAfterMs || defaultRetryAfterMs;
-    this.dropRemoves = options.dropRemoves ?? true;
+    // Drop leaves the job in the library's failed set (the contract); removing it is opt-in.
+    this.dropRemoves = options.dropRemoves ?? false;
     this.logger = options.logger === false ? SILENT : options.logger || jsonLogger();
     this.defaultPrepared = preparePolicy(options.defaultPolicy || DEFAULT_POLICY, DEFAULT_IDENTITY);
-    this.client = new AdvisorClient(this.target, this.deadlineMs);
+    this.client = new AdvisorClient(this.target, this.deadlineMs, fromEnv ? 'REBOUND_TARGET' : 'target');
+    /** Prefetched queues whose GetPolicy could not reach the sidecar: fetched again on reconnect. */
+    this.unfetched = new Set();
+    this.prefetchTimer = null;
+    this.warnedUnreachable = false;
     /** queue → { ref, resolved, prepared } (the last GetPolicy answer) */
     this.policies = new Map();
     /** queues seen, refreshed in the background */
@@ -313,17 +322,33 @@ class Rebound extends EventEmitter {
     fb.total++;
     fb[cause]++;
     if (!cached) fb.default_policy++;
-    const event = { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, cause, code, policySource: answer.policySource };
+    // The status message tells "not listening" from "listening, no configuration loaded yet".
+    const details = err && typeof err.details === 'string' ? err.details : String((err && err.message) || '');
+    const event = { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, cause, code, details, policySource: answer.policySource };
     const logKey = `${f.queue}\u0000${cause}`;
     const now = Date.now();
     if (!(now - (this.lastLog.get(logKey) ?? -Infinity) < LOG_EVERY_MS)) {
       this.lastLog.set(logKey, now);
       this.logger.warn(
-        { event: 'rebound.fallback', queue: f.queue, cause, code, policySource: answer.policySource, target: this.target },
+        { event: 'rebound.fallback', queue: f.queue, cause, code, details, policySource: answer.policySource, target: this.target },
         'sidecar did not answer; decided locally',
       );
     }
     this.safeEmit('fallback', event);
+    return answer;
+  }
+
+  /** A fallback answer without asking the sidecar (a fault inside the adapter). Never throws. */
+  localAnswer(failure, error) {
+    let f;
+    try {
+      f = normaliseFailure(failure);
+    } catch {
+      f = { queue: String(failure && failure.queue), attempt: 1 };
+    }
+    const answer = this.fallback(f, error);
+    this.count(answer);
+    this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
     return answer;
   }
 
@@ -356,7 +381,9 @@ class Rebound extends EventEmitter {
         this.logger.info({ event: 'rebound.policy', queue, policy: ref.name, namespace: ref.namespace, configHash: ref.configHash }, 'fallback policy cached');
       })
       .catch((err) => {
-        if (causeOf(err) === 'not_found') this.policies.delete(queue);
+        const cause = causeOf(err);
+        if (cause === 'not_found') this.policies.delete(queue);
+        return cause;
       })
       .finally(() => this.inflight.delete(queue));
     this.inflight.set(queue, p);
@@ -365,6 +392,65 @@ class Rebound extends EventEmitter {
 
   refreshAll() {
     for (const q of this.queues) this.refresh(q);
+  }
+
+  /**
+   * Loads the policy of every queue the worker consumes, at start (before any job fails),
+   * so that during a later outage the fallback decides from the namespace's real policy
+   * (`policySource: cached`). With the sidecar unreachable it logs one warning naming the
+   * target and fetches again as soon as the sidecar is back. Never rejects; resolves once
+   * every queue was asked once.
+   */
+  async prefetch(queues) {
+    try {
+      await this.prefetchQueues(queues);
+    } catch (e) {
+      // A logger that throws, say: never an unhandled rejection out of Worker creation.
+      this.hookError('', '', 'prefetch', e);
+    }
+  }
+
+  async prefetchQueues(queues) {
+    const list = [...new Set([].concat(queues).filter((q) => typeof q === 'string' && q !== ''))];
+    if (this.closed || list.length === 0) return;
+    for (const q of list) this.queues.add(q);
+    const causes = await Promise.all(list.map((q) => this.refresh(q)));
+    // Unreachable (not running, not listening yet, too slow): fetched again once it answers.
+    // Any other answer (NOT_FOUND: no policy governs the queue; an error) is the answer.
+    const missed = list.filter((q, i) => !this.policies.has(q) && (causes[i] === 'unavailable' || causes[i] === 'deadline_exceeded'));
+    if (missed.length === 0) return;
+    for (const q of missed) this.unfetched.add(q);
+    if (!this.warnedUnreachable) {
+      this.warnedUnreachable = true;
+      this.logger.warn(
+        { event: 'rebound.sidecar_unreachable', target: this.target, queues: missed, cause: causes[list.indexOf(missed[0])] },
+        'the sidecar did not answer at start; deciding from the default policy until it does',
+      );
+    }
+    this.armPrefetchRetry();
+  }
+
+  armPrefetchRetry() {
+    if (this.prefetchTimer || this.closed) return;
+    this.prefetchTimer = setInterval(() => {
+      if (this.closed || this.unfetched.size === 0) {
+        clearInterval(this.prefetchTimer);
+        this.prefetchTimer = null;
+        return;
+      }
+      // down() also asks a channel in TRANSIENT_FAILURE to reconnect (bounded backoff, ≤ 1 s).
+      if (this.client.down()) return;
+      for (const q of [...this.unfetched]) {
+        this.refresh(q).then((cause) => {
+          if (this.policies.has(q) || (cause !== 'unavailable' && cause !== 'deadline_exceeded')) {
+            if (this.unfetched.delete(q) && this.policies.has(q)) {
+              this.logger.info({ event: 'rebound.prefetched', queue: q, target: this.target }, 'policy loaded after the sidecar came back');
+            }
+          }
+        });
+      }
+    }, PREFETCH_RETRY_MS);
+    this.prefetchTimer.unref();
   }
 
   /** Fetches a queue's policy the first time the queue is seen; later calls return at once. */
@@ -395,13 +481,14 @@ class Rebound extends EventEmitter {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.timer);
+    if (this.prefetchTimer) clearInterval(this.prefetchTimer);
     await Promise.allSettled(this.closers.map((c) => c()));
     this.client.close();
   }
 }
 
 module.exports = {
-  Rebound,
+  ReboundCore,
   LIBRARY_ATTEMPTS,
   DEFAULT_POLICY,
   DEFAULT_IDENTITY,

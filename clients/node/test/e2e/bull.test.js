@@ -110,12 +110,13 @@ test('bull: a non-retryable error class ends at the first failure', async () => 
   assert.equal((await queues['bull-dead'].getJob(dl.deadLetterJobId)).data.error.class, 'InvalidAccount');
 });
 
-test('bull: a drop policy removes the job', async () => {
+test('bull: a drop policy leaves the job in the failed set', async () => {
   const key = 'bd-1';
   await worker.rebound.bull.add(queues['bull-dropped'], 'job', { failRuns: -1 }, { key });
   const [drop] = await events.until('the drop event', (e) => e.of('drop', key).length && e.of('drop', key));
-  await events.until('the job to be removed', async () => (await queues['bull-dropped'].getJob(key)) === null);
+  await events.until('the job to fail', async () => (await stateOf(queues['bull-dropped'], key)) === 'failed');
   assert.equal(runsOf(key).length, 2);
   assert.equal(drop.reason, 'GIVE_UP_REASON_MAX_ATTEMPTS');
+  assert.equal(drop.removed, false);
   assert.equal(events.of('deadLetter', key).length, 0);
 });

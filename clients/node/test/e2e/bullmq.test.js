@@ -137,17 +137,17 @@ test('a non-retryable error class ends the job at its first failure', async () =
   assert.equal(dead.data.error.class, 'InvalidEndpoint');
 });
 
-test('a drop policy removes the job at the end', async () => {
+test('a drop policy leaves the job in the failed set at the end', async () => {
   const key = 'drop-1';
   const dropped = worker.rebound.metrics().dropped;
   await worker.rebound.bullmq.add(queues.dropped, 'job', { failRuns: -1 }, { key });
   const [drop] = await events.until('the drop event', (e) => e.of('drop', key).length && e.of('drop', key));
-  await events.until('the job to be removed', async () => (await queues.dropped.getJob(key)) === undefined);
+  await events.until('the job to fail', async () => (await queues.dropped.getJobState(key)) === 'failed');
   assert.equal(runsOf(key).length, 3, 'exactly maxAttempts runs');
   assert.equal(drop.reason, 'GIVE_UP_REASON_MAX_ATTEMPTS');
-  assert.equal(drop.removed, true);
-  assert.equal(await queues.dropped.getJob(key), undefined, 'the job is gone from Redis');
-  assert.equal(await queues.dropped.getFailedCount(), 0);
+  assert.equal(drop.removed, false);
+  assert.equal((await queues.dropped.getJob(key)).failedReason, `run 3 of ${key} failed on purpose`);
+  assert.equal(await queues.dropped.getFailedCount(), 1);
   assert.equal(events.of('deadLetter', key).length, 0);
   assert.equal(worker.rebound.metrics().dropped, dropped + 1);
 });

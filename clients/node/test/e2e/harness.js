@@ -410,4 +410,4 @@ function retryPolicy(name, spec) {
   return JSON.stringify({ apiVersion: 'rebound.dev/v1alpha1', kind: 'RetryPolicy', metadata: { name }, spec });
 }
 
-module.exports = { Stack, Proc, Events, REPO, retryPolicy, waitFor, sleep, freePort, parseMetrics, httpGet, run };
+module.exports = { Stack, Proc, Events, REPO, retryPolicy, waitFor, sleep, freePort, parseMetrics, httpGet, run, binaries, lastLine, redisDirs };

@@ -72,6 +72,11 @@ test('sidecar killed mid-run: fallback answers equal the sidecar, nothing stuck 
   await enqueue(15);
   const back = await events.until('sidecar answers again', (e) => e.of('decision').find((d) => d.t > restartedAt && d.source === 'sidecar'), { timeoutMs: 120_000 });
   t.diagnostic(`sidecar restarted → first answer from it again: ${back.t - restartedAt} ms`);
+  // Why answers after the restart began were still local: not listening yet, or listening
+  // without a configuration (the ConfigMap not loaded yet), or the channel's backoff.
+  const late = events.of('fallback').filter((f) => f.t > restartedAt);
+  const byDetails = late.reduce((m, f) => ((m[`${f.cause}: ${f.details}`] = (m[`${f.cause}: ${f.details}`] || 0) + 1), m), {});
+  t.diagnostic(`fallback answers after the restart began: ${late.length} ${JSON.stringify(byDetails)}`);
 
   await events.until('every job completed or dead-lettered', (e) => keys.every((k) => e.of('completed', k).length === 1 || e.of('deadLetter', k).length >= 1), { timeoutMs: 120_000 });
   await events.until('the dead-lettered jobs to fail', async (e) => {

@@ -1,8 +1,8 @@
 // Compiled by test/unit/types.test.js (tsc --noEmit --strict): the README's uses of the
 // API type-check against index.d.ts, and wrong uses do not.
-import { Queue, Worker } from 'bullmq';
+import { Queue, Worker, type Job } from 'bullmq';
 import Bull from 'bull';
-import { createRebound, keyOf, decideLocal, DEFAULT_POLICY, LIBRARY_ATTEMPTS, type Answer, type DeadLetter } from '@rebound-dev/node';
+import { Rebound, createRebound, keyOf, decideLocal, DEFAULT_POLICY, LIBRARY_ATTEMPTS, type Answer, type DeadLetter } from '@rebound-dev/node';
 
 async function main(): Promise<void> {
   const rebound = createRebound({
@@ -17,16 +17,41 @@ async function main(): Promise<void> {
   });
   const connection = { host: '127.0.0.1', port: 6379 };
   const queue = new Queue('webhooks', { connection });
-  const worker = new Worker('webhooks', async (job) => keyOf(job), { connection, settings: rebound.bullmq.settings() });
+  const worker = new Worker('webhooks', async (job) => keyOf(job), { connection, settings: rebound.bullmq.settings('webhooks') });
+  new Worker('other', async () => undefined, { connection, settings: rebound.bullmq.settings() });
   const { job, key } = await rebound.bullmq.add(queue, 'deliver', { url: 'http://x' }, { key: 'k-1', priority: 1 });
+  // The job `add` returns is BullMQ's Job, typed: not `any`.
+  const typed: Job = job;
+  const state: string = await job.getState();
+  const id: string | undefined = job.id;
+  // @ts-expect-error no such method on a BullMQ Job
+  job.noSuchMethod();
+  const typedQueue = new Queue<{ url: string }>('typed', { connection });
+  const { job: tj } = await rebound.bullmq.add(typedQueue, 'deliver', { url: 'http://x' });
+  const url: string = tj.data.url;
+  // @ts-expect-error the data must fit the queue's data type
+  await rebound.bullmq.add(typedQueue, 'deliver', { url: 1 });
+  const direct = new Rebound({ logger: false });
+  await direct.prefetch(['webhooks']);
+  void [typed, state, id, url];
   const opts = await rebound.bullmq.jobOptions('webhooks');
   const attempts: number = opts.attempts + LIBRARY_ATTEMPTS;
   await queue.add('deliver', {}, opts);
   const dlq = new Queue<DeadLetter>('webhooks-dead', { connection });
   const dead = await dlq.getJob('webhooks/k-1');
-  if (dead) await rebound.bullmq.replay(dead, queue);
-  const bull = rebound.bull.attach(new Bull('legacy'));
-  await rebound.bull.add(bull, 'x', { a: 1 });
+  if (dead) {
+    const replayed = await rebound.bullmq.replay(dead, queue);
+    const attemptsRun: number = dead.data.attempts;
+    const again: Job = replayed.job;
+    void [attemptsRun, again];
+  }
+  const bull = rebound.bull.attach(new Bull<{ a: number }>('legacy'));
+  const { job: bullJob } = await rebound.bull.add(bull, 'x', { a: 1 });
+  const a: number = bullJob.data.a;
+  const bullState: string = await bullJob.getState();
+  // @ts-expect-error no such method on a Bull Job
+  bullJob.noSuchMethod();
+  void [a, bullState];
   const answer: Answer = await rebound.decide({ queue: 'webhooks', attempt: 2, jobId: key });
   const local = decideLocal(DEFAULT_POLICY, 'ns/name', 3, { jobId: 'j', nowUnixMs: 1n });
   const delay: number = await rebound.bullmq.backoffStrategy(1, 'rebound', new Error('x'), job);

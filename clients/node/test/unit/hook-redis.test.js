@@ -81,6 +81,7 @@ test('BullMQ: attempts 1..4, one first-failure time, dead letter written once, f
         data: { amount: 42 },
         key,
         attempt: 4,
+        attempts: 4,
         reason: 'GIVE_UP_REASON_MAX_ATTEMPTS',
         reasonMessage: 'attempt 4 of 4 failed (maxAttempts)',
         error: { name: 'TransientError', message: 'run 4 failed', class: 'TransientError' },
@@ -144,9 +145,9 @@ test('BullMQ: the first-failure time survives a new process (read back from the 
   }
 });
 
-test('BullMQ: drop removes the job as it lands in the failed set; dropRemoves: false keeps it', async () => {
+test('BullMQ: drop leaves the job in the failed set; dropRemoves: true (opt-in) removes it', async () => {
   plans.set('mq-drop', () => giveUp('DISPOSITION_DROP', '', 'GIVE_UP_REASON_NON_RETRYABLE'));
-  for (const dropRemoves of [true, false]) {
+  for (const dropRemoves of [undefined, false, true]) {
     const rebound = createRebound({ target: server.target, logger: false, dropRemoves });
     const queue = new Queue('mq-drop', { connection: redis.connection });
     const failedIds = [];
@@ -157,6 +158,7 @@ test('BullMQ: drop removes the job as it lands in the failed set; dropRemoves: f
       await eventually(() => failedIds.includes(key), 20000, 'failed event');
       const state = await queue.getJobState(key);
       assert.equal(state, dropRemoves ? 'unknown' : 'failed', `dropRemoves ${dropRemoves}`);
+      if (!dropRemoves) assert.equal((await Job.fromId(queue, key)).failedReason, 'run 1 failed');
       assert.equal(rebound.metrics().dropped, 1);
       // A non-retryable give-up at the first failure: one run, one question.
       assert.equal(server.requests.Decide.filter((r) => r.queue === 'mq-drop' && r.job_id === key).length, 1);
@@ -169,7 +171,7 @@ test('BullMQ: drop removes the job as it lands in the failed set; dropRemoves: f
   }
 });
 
-test('Bull 4: attempts 1..3 with the job id from backoff.options, dead letter, drop', async () => {
+test('Bull 4: attempts 1..3 with the job id from backoff.options, dead letter, drop keeps the job failed', async () => {
   plans.set('bull-dead', (req) => (req.attempt < 3 ? retry(20) : giveUp('DISPOSITION_DEAD_LETTER', 'bull-dead-dlq')));
   plans.set('bull-drop', () => giveUp('DISPOSITION_DROP', ''));
   const rebound = createRebound({ target: server.target, logger: false });
@@ -198,7 +200,9 @@ test('Bull 4: attempts 1..3 with the job id from backoff.options, dead letter, d
 
     const dropped = await rebound.bull.add(drop, 'x', {});
     await eventually(() => rebound.metrics().dropped === 1, 20000, 'drop');
-    await eventually(async () => (await drop.getJob(dropped.key)) === null, 20000, 'dropped job removed');
+    await eventually(async () => (await (await drop.getJob(dropped.key))?.getState()) === 'failed', 20000, 'dropped job in the failed set');
+    await new Promise((r) => setTimeout(r, 200)); // the 'failed' listener had its chance to remove it
+    assert.equal(await (await drop.getJob(dropped.key)).getState(), 'failed');
   } finally {
     await rebound.close();
     for (const q of [dead, drop, dlq]) {

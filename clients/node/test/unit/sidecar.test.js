@@ -1,7 +1,7 @@
 'use strict';
 // Against a real rebound-sidecar on the example policies: every answer of the local
 // fallback (the policy fetched with GetPolicy, decideLocal) equals the sidecar's for the
-// same question. Uses REBOUND_SIDECAR, else the repository's target/{release,debug} build;
+// same question. Uses REBOUND_SIDECAR, else the {release,debug} build in $CARGO_TARGET_DIR (default target/);
 // skipped when none is built (the end-to-end suite builds and runs one).
 const { test } = require('node:test');
 const assert = require('node:assert/strict');
@@ -14,7 +14,8 @@ const { REPO } = require('./helpers');
 const { closedPort } = require('./advisor-server');
 const { eventually } = require('./redis');
 
-const BIN = [process.env.REBOUND_SIDECAR, ...['release', 'debug'].map((p) => path.join(REPO, 'target', p, 'rebound-sidecar'))].find(
+const TARGET_DIR = process.env.CARGO_TARGET_DIR ? path.resolve(REPO, process.env.CARGO_TARGET_DIR) : path.join(REPO, 'target');
+const BIN = [process.env.REBOUND_SIDECAR, ...['release', 'debug'].map((p) => path.join(TARGET_DIR, p, 'rebound-sidecar'))].find(
   (p) => p && fs.existsSync(p),
 );
 

@@ -250,7 +250,7 @@ func TestRescuedPastMaxAttemptsIsGivenUp(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	if job.State != rivertype.JobStateCancelled || job.Attempt > 3 {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt > 3 {
 		t.Fatalf("state %s attempt %d errors %+v", job.State, job.Attempt, job.Errors)
 	}
 	g := giveUpOf(t, job)
@@ -258,7 +258,7 @@ func TestRescuedPastMaxAttemptsIsGivenUp(t *testing.T) {
 		t.Fatalf("no metadata.rebound: %s", job.Metadata)
 	}
 	if g.Disposition != reboundriver.DispositionDeadLetter || g.DeadLetterQueue != "rescued-dead" ||
-		g.Reason != "max_attempts" || g.Policy != "gotest/rescued" || g.Attempt != 2 {
+		g.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" || g.Policy != "gotest/rescued" || g.Attempt != 2 {
 		t.Fatalf("record %+v", g)
 	}
 }

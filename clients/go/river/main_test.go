@@ -191,7 +191,7 @@ func (failWorker) Work(_ context.Context, job *river.Job[FailArgs]) error {
 }
 
 // newRebound is a rebound client for target (warmed for queues) closed at the end of the test.
-func newRebound(t *testing.T, target string, queues ...string) *rebound.Client {
+func newRebound(t *testing.T, target string, queues ...string) *rebound.Rebound {
 	t.Helper()
 	c, err := rebound.New(rebound.Options{Target: target, Deadline: 2 * time.Second, Logger: quiet()})
 	if err != nil {
@@ -205,7 +205,13 @@ func newRebound(t *testing.T, target string, queues ...string) *rebound.Client {
 }
 
 // startRiver runs a River client working queues with the adapter installed.
-func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Client[pgx5Tx] {
+func startRiver(t *testing.T, rb *rebound.Rebound, queues ...string) *river.Client[pgx5Tx] {
+	t.Helper()
+	return startRiverWith(t, rb, nil, queues...)
+}
+
+// startRiverWith is startRiver with the config changed by edit before the adapter is installed.
+func startRiverWith(t *testing.T, rb *rebound.Rebound, edit func(*river.Config), queues ...string) *river.Client[pgx5Tx] {
 	t.Helper()
 	workers := river.NewWorkers()
 	river.AddWorker(workers, failWorker{})
@@ -224,6 +230,9 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	}
 	for _, q := range queues {
 		cfg.Queues[q] = river.QueueConfig{MaxWorkers: 4}
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
 	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
@@ -294,3 +303,36 @@ func giveUpOf(t *testing.T, job *rivertype.JobRow) *reboundriver.GiveUp {
 }
 
 type pgx5Tx = pgx.Tx
+
+// deadLetter is a dead-letter job as the README's query reads it, with its args decoded.
+type deadLetter struct {
+	id int64
+	reboundriver.DeadLetterArgs
+}
+
+// deadLettersOf are the dead letters of job id (in queue dlq, any queue when empty).
+func deadLettersOf(t *testing.T, dlq string, id int64) []deadLetter {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id, args FROM river_job
+		WHERE kind = 'rebound_dead_letter' AND ($1 = '' OR queue = $1) AND (args->>'job_id')::bigint = $2 ORDER BY id`, dlq, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []deadLetter
+	for rows.Next() {
+		var d deadLetter
+		var raw []byte
+		if err := rows.Scan(&d.id, &raw); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, &d.DeadLetterArgs); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	return out
+}

@@ -29,6 +29,8 @@ var (
 	pool    *pgxpool.Pool
 	sidecar *devstack.Sidecar
 	runDir  string
+	// confSidecar serves clients/conformance/policies.yaml (namespace conformance).
+	confSidecar *devstack.Sidecar
 )
 
 const policies = `
@@ -134,9 +136,22 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer sidecar.Kill()
+	confPolicies, err := os.ReadFile(filepath.Join(devstack.RepoRoot(), "clients", "conformance", "policies.yaml"))
+	if err != nil {
+		return fail(err)
+	}
+	confSidecar, err = devstack.NewFileSidecar(filepath.Join(runDir, "conformance-sidecar"), "conformance", string(confPolicies), "fixed-3")
+	if err != nil {
+		return fail(err)
+	}
+	if err := confSidecar.Start(); err != nil {
+		return fail(err)
+	}
+	defer confSidecar.Kill()
 	code := m.Run()
 	// Stopped before the state dir goes (the deferred calls would run after it).
 	sidecar.Kill()
+	confSidecar.Kill()
 	pool.Close()
 	if err := pg.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "teardown:", err)
@@ -219,6 +234,7 @@ func startRiverWith(t *testing.T, rb *rebound.Rebound, edit func(*river.Config),
 	river.AddWorker(workers, panicWorker{})
 	river.AddWorker(workers, &blockWorker{})
 	river.AddWorker(workers, causeWorker{})
+	river.AddWorker(workers, recWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,

@@ -27,8 +27,8 @@ import (
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
 	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
-	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 	pb "github.com/rebound-dev/rebound/clients/go/reboundv1"
+	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 )
 
 // The conformance scenarios of clients/conformance/scenarios.json, each run against real

@@ -465,7 +465,10 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 		if merr := river.MetadataSet(ctx, MetadataKey, g); merr != nil {
 			a.client.HookError(job.Queue, f.JobID, "metadata", merr)
 		}
-		job.MaxAttempts = job.Attempt
+		job.MaxAttempts = job.Attempt // River discards the job without asking NextRetry
+		a.mu.Lock()
+		delete(a.pending, job.ID)
+		a.mu.Unlock()
 	}
 	event := "rebound.dropped"
 	if g.Disposition == DispositionDeadLetter {

@@ -342,8 +342,7 @@ func scenarioExhaustedDropKeepsJob(t *testing.T) {
 	}
 }
 
-// The scenario's reason is spelled GIVE_UP_REASON_NON_RETRYABLE_ERROR; the proto's enum
-// value (what every adapter reports) is GIVE_UP_REASON_NON_RETRYABLE.
+// The reason is the proto's enum name, GIVE_UP_REASON_NON_RETRYABLE.
 func scenarioNonRetryableError(t *testing.T) {
 	rb, _ := loggedRebound(t, confSidecar.Target)
 	c := startRiver(t, rb, "fixed-3-dlq")
@@ -476,7 +475,8 @@ func scenarioOutageUsesRealPolicy(t *testing.T) {
 }
 
 // The sidecar starts only after the worker: the worker starts, logs one warning naming the
-// target, and is on the sidecar (policies prefetched) soon after it is up.
+// target, decides with the default policy meanwhile, and is on the sidecar (policies
+// prefetched) soon after it is up.
 func scenarioSidecarDownAtStart(t *testing.T) {
 	s := ownConfSidecar(t)
 	rb, logs := loggedRebound(t, s.Target)
@@ -484,6 +484,12 @@ func scenarioSidecarDownAtStart(t *testing.T) {
 	w := logs.events(t, "rebound.prefetch")
 	if len(w) != 1 || w[0]["target"] != s.Target || w[0]["level"] != "WARN" {
 		t.Fatalf("prefetch warnings %v", w)
+	}
+	tg := tag(t)
+	early := insert(t, c, "fixed-3", RecArgs{Tag: tg + "-early", FailRuns: 1})
+	eventually(t, 30*time.Second, "the first decision", func() bool { return len(logs.decisions(t, early)) > 0 })
+	if d := logs.decisions(t, early)[0]; d["source"] != "fallback" || d["policySource"] != "default" || d["decision"] != "DECISION_RETRY" {
+		t.Fatalf("decision before the sidecar: %v", d)
 	}
 	spawned := time.Now()
 	if err := s.Start(); err != nil {
@@ -501,13 +507,15 @@ func scenarioSidecarDownAtStart(t *testing.T) {
 	}
 	t.Logf("on the sidecar %s after it was ready (%s after it was spawned; the contract's bound is 2000ms)",
 		time.Since(up).Round(time.Millisecond), time.Since(spawned).Round(time.Millisecond))
-	tg := tag(t)
 	id := insert(t, c, "fixed-3", RecArgs{Tag: tg, FailRuns: 1})
 	if job := waitFinal(t, c, id, 30*time.Second); job.State != rivertype.JobStateCompleted {
 		t.Fatalf("state %s", job.State)
 	}
-	if ds := logs.decisions(t, id); len(ds) != 1 || ds[0]["source"] != "sidecar" {
+	if ds := logs.decisions(t, id); len(ds) != 1 || ds[0]["source"] != "sidecar" || ds[0]["policySource"] != "sidecar" {
 		t.Fatalf("decisions %v", ds)
+	}
+	if job := waitFinal(t, c, early, 30*time.Second); job.State != rivertype.JobStateCompleted || job.Attempt != 2 {
+		t.Fatalf("early job: state %s attempt %d", job.State, job.Attempt)
 	}
 }
 

@@ -3,6 +3,7 @@ package reboundriver_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -371,5 +372,46 @@ func TestFirstFailureIsFirstRunsStart(t *testing.T) {
 	g := giveUpOf(t, job)
 	if job.State != rivertype.JobStateDiscarded || job.Attempt != 1 || g == nil || g.Reason != "GIVE_UP_REASON_DEADLINE" {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+}
+
+// Replay of a dead letter whose job River has deleted meanwhile (its retention): a new job
+// of the same kind and args is inserted into the original queue, and runs.
+func TestReplayAfterTheJobWasDeletedInsertsItAgain(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "payments")
+	c := startRiver(t, rb, "payments")
+	id := insert(t, c, "payments", FailArgs{FailTimes: 4})
+	if job := waitFinal(t, c, id, 30*time.Second); job.State != rivertype.JobStateDiscarded {
+		t.Fatalf("state %s", job.State)
+	}
+	dls := deadLettersOf(t, "payments-dead", id)
+	if len(dls) != 1 {
+		t.Fatalf("dead letters %+v", dls)
+	}
+	ctx := context.Background()
+	if _, err := c.JobDelete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	job, err := reboundriver.Replay(ctx, c, dls[0].id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.ID == id || job.Kind != "rebound_test_fail" || job.Queue != "payments" {
+		t.Fatalf("replayed as job %d kind %s queue %s", job.ID, job.Kind, job.Queue)
+	}
+	var args FailArgs
+	if err := json.Unmarshal(job.EncodedArgs, &args); err != nil || args != (FailArgs{FailTimes: 4}) {
+		t.Fatalf("args %s (%v)", job.EncodedArgs, err)
+	}
+	// A new job: it fails its first 4 runs again, and is a dead letter again.
+	if final := waitFinal(t, c, job.ID, 30*time.Second); final.State != rivertype.JobStateDiscarded || final.Attempt != 4 {
+		t.Fatalf("state %s attempt %d", final.State, final.Attempt)
+	}
+	if _, err := c.JobGet(ctx, dls[0].id); !errors.Is(err, rivertype.ErrNotFound) {
+		t.Fatalf("the replayed dead letter is still there: %v", err)
+	}
+	// Not a dead letter: refused.
+	if _, err := reboundriver.Replay(ctx, c, job.ID); err == nil {
+		t.Fatal("Replay of a job that is not a dead letter was accepted")
 	}
 }

@@ -58,8 +58,10 @@ py_venv="$(clients/python/dev-env.sh | tail -n 1)"
 rm -rf .state/rb-tests # logs of the previous run's workers and sidecars
 (cd clients/ruby && rake test)
 
-# Go (clients/go): the client and the River adapter on real River workers, PostgreSQL
-# (dev/postgres.sh) and rebound-sidecars, and the full stack on this cluster.
+# Go (clients/go): the client and the River adapter, with every scenario of
+# clients/conformance/scenarios.json, on real River workers, PostgreSQL (dev/postgres.sh,
+# restarted by one scenario) and rebound-sidecars (found under $CARGO_TARGET_DIR), and the
+# full stack on this cluster.
 cargo build --locked --quiet -p rebound-sidecar -p rebound-operator
 rm -rf .state/go-tests # logs of the previous run's sidecars, workers and PostgreSQL
 (cd clients/go && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go test -count=1 -timeout 15m ./...)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -127,15 +129,27 @@ type Metrics struct {
 	DeadLettered, Dropped, HookErrors int
 }
 
+// TargetError is a malformed sidecar address, refused by New before any job runs.
+type TargetError struct {
+	// Setting is where the address came from: "REBOUND_TARGET" or "Options.Target".
+	Setting string
+	Target  string
+	Problem string
+}
+
+func (e *TargetError) Error() string {
+	return fmt.Sprintf("%s=%q: %s (want \"unix:///abs/path.sock\" or \"host:port\")", e.Setting, e.Target, e.Problem)
+}
+
 type cachedPolicy struct {
 	ref      *pb.PolicyRef
 	resolved *pb.ResolvedPolicy
 	identity string
 }
 
-// Client asks the sidecar and falls back to the last GetPolicy answer for the queue (or
+// Rebound asks the sidecar and falls back to the last GetPolicy answer for the queue (or
 // the default policy) with the local port of the decision function. Safe for concurrent use.
-type Client struct {
+type Rebound struct {
 	target   string
 	deadline time.Duration
 	logger   *slog.Logger
@@ -151,33 +165,55 @@ type Client struct {
 	metrics  Metrics
 	closed   bool
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop      chan struct{}
+	stopWatch context.CancelFunc
+	wg        sync.WaitGroup
 }
 
-var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$`)
+// Client is the former name of Rebound.
+//
+// Deprecated: use Rebound.
+type Client = Rebound
 
-// New makes a Client; it connects lazily, at the first call. An error only for bad options.
-func New(o Options) (*Client, error) {
-	target := o.Target
+var hostPort = regexp.MustCompile(`^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$`)
+
+// dialTarget checks a sidecar address and gives what grpc dials ("" and a problem if bad).
+func dialTarget(target string) (string, string) {
+	if rest, ok := strings.CutPrefix(target, "unix:"); ok {
+		path := strings.TrimPrefix(rest, "//")
+		if !strings.HasPrefix(path, "/") || len(path) < 2 {
+			return "", "a unix socket needs an absolute path"
+		}
+		return target, ""
+	}
+	m := hostPort.FindStringSubmatch(target)
+	if m == nil {
+		return "", "not a unix socket nor host:port (no scheme, host, port)"
+	}
+	if port, _ := strconv.Atoi(m[2]); port < 1 || port > 65535 {
+		return "", "the port is not within 1..65535"
+	}
+	return "passthrough:///" + target, ""
+}
+
+// New makes a Rebound; it connects lazily, at the first call. An error only for bad
+// options: a malformed target is a *TargetError naming REBOUND_TARGET (or Options.Target).
+func New(o Options) (*Rebound, error) {
+	target, setting := o.Target, "Options.Target"
 	if target == "" {
-		target = os.Getenv("REBOUND_TARGET")
+		target, setting = os.Getenv("REBOUND_TARGET"), "REBOUND_TARGET"
 	}
 	if target == "" {
 		target = "127.0.0.1:7411"
 	}
-	dial := target
-	switch {
-	case strings.HasPrefix(target, "unix:"):
-	case hostPort.MatchString(target):
-		dial = "passthrough:///" + target
-	default:
-		return nil, fmt.Errorf("target: %q is not \"unix:///path\" or \"host:port\"", target)
+	dial, problem := dialTarget(target)
+	if problem != "" {
+		return nil, &TargetError{Setting: setting, Target: target, Problem: problem}
 	}
 	if o.Deadline < 0 || o.RefreshInterval < 0 {
 		return nil, errors.New("Deadline and RefreshInterval must not be negative")
 	}
-	c := &Client{
+	c := &Rebound{
 		target:   target,
 		deadline: o.Deadline,
 		logger:   o.Logger,
@@ -217,13 +253,16 @@ func New(o Options) (*Client, error) {
 	if refresh == 0 {
 		refresh = 30 * time.Second
 	}
-	c.wg.Add(1)
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	c.stopWatch = stopWatch
+	c.wg.Add(2)
 	go c.refreshLoop(refresh)
+	go c.watchConnection(watchCtx)
 	return c, nil
 }
 
 // Target is the sidecar's address as configured.
-func (c *Client) Target() string { return c.target }
+func (c *Rebound) Target() string { return c.target }
 
 func truncateUTF8(s string, max int) string {
 	if len(s) <= max {
@@ -266,7 +305,7 @@ func Normalise(f Failure) *pb.DecideRequest {
 
 // Decide asks the sidecar what to do after a failure; when it cannot answer (down,
 // too slow, no policy for the queue) the answer comes from the fallback. It never fails.
-func (c *Client) Decide(ctx context.Context, f Failure) Answer {
+func (c *Rebound) Decide(ctx context.Context, f Failure) Answer {
 	req := Normalise(f)
 	c.noteQueue(req.Queue)
 	cctx, cancel := context.WithTimeout(ctx, c.deadline)
@@ -320,7 +359,7 @@ func causeOf(err error) string {
 }
 
 // fallback is the local answer: the cached policy, else the default.
-func (c *Client) fallback(req *pb.DecideRequest, err error) Answer {
+func (c *Rebound) fallback(req *pb.DecideRequest, err error) Answer {
 	cause := causeOf(err)
 	c.mu.Lock()
 	if cause == "not_found" {
@@ -378,7 +417,7 @@ func (c *Client) fallback(req *pb.DecideRequest, err error) Answer {
 	return a
 }
 
-func (c *Client) count(a Answer) {
+func (c *Rebound) count(a Answer) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := &c.metrics.Decisions
@@ -395,7 +434,7 @@ func (c *Client) count(a Answer) {
 }
 
 // CountDisposition counts a give-up carried out by an adapter (dead-lettered or dropped).
-func (c *Client) CountDisposition(d pb.Disposition) {
+func (c *Rebound) CountDisposition(d pb.Disposition) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch d {
@@ -407,7 +446,7 @@ func (c *Client) CountDisposition(d pb.Disposition) {
 }
 
 // HookError records a problem an adapter absorbed instead of failing the library's hook.
-func (c *Client) HookError(queue, jobID, where string, err error) {
+func (c *Rebound) HookError(queue, jobID, where string, err error) {
 	c.mu.Lock()
 	c.metrics.HookErrors++
 	c.mu.Unlock()
@@ -416,13 +455,13 @@ func (c *Client) HookError(queue, jobID, where string, err error) {
 }
 
 // Metrics returns a copy of the counters.
-func (c *Client) Metrics() Metrics {
+func (c *Rebound) Metrics() Metrics {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.metrics
 }
 
-func (c *Client) noteQueue(queue string) {
+func (c *Rebound) noteQueue(queue string) {
 	c.mu.Lock()
 	seen := c.queues[queue]
 	c.queues[queue] = true
@@ -432,7 +471,7 @@ func (c *Client) noteQueue(queue string) {
 	}
 }
 
-func (c *Client) refreshAsync(queue string) {
+func (c *Rebound) refreshAsync(queue string) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -457,8 +496,10 @@ func (c *Client) refreshAsync(queue string) {
 }
 
 // refresh fetches a queue's policy with GetPolicy into the cache; a NOT_FOUND empties it.
-func (c *Client) refresh(queue string) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.deadline)
+func (c *Rebound) refresh(queue string) { _ = c.fetch(context.Background(), queue) }
+
+func (c *Rebound) fetch(ctx context.Context, queue string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.deadline)
 	defer cancel()
 	res, err := c.rpc.GetPolicy(ctx, &pb.GetPolicyRequest{Queue: queue})
 	c.mu.Lock()
@@ -467,18 +508,19 @@ func (c *Client) refresh(queue string) {
 		if status.Code(err) == codes.NotFound {
 			delete(c.policies, queue)
 		}
-		return
+		return err
 	}
 	ref := res.GetPolicy()
 	if old, ok := c.policies[queue]; ok && old.ref.GetConfigHash() == ref.GetConfigHash() && old.ref.GetName() == ref.GetName() {
-		return
+		return nil
 	}
 	c.policies[queue] = cachedPolicy{ref: ref, resolved: res.GetResolved(), identity: ref.GetNamespace() + "/" + ref.GetName()}
 	c.logger.Info("fallback policy cached", "event", "rebound.policy", "queue", queue,
 		"policy", ref.GetName(), "namespace", ref.GetNamespace(), "configHash", ref.GetConfigHash())
+	return nil
 }
 
-func (c *Client) refreshLoop(every time.Duration) {
+func (c *Rebound) refreshLoop(every time.Duration) {
 	defer c.wg.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -502,7 +544,7 @@ func (c *Client) refreshLoop(every time.Duration) {
 
 // Warm fetches a queue's policy now (the first time the queue is seen it is fetched in
 // the background anyway), so a fallback right after start has the queue's policy.
-func (c *Client) Warm(queue string) {
+func (c *Rebound) Warm(queue string) {
 	c.noteQueue(queue)
 	c.mu.Lock()
 	done := c.inflight[queue]
@@ -513,7 +555,7 @@ func (c *Client) Warm(queue string) {
 }
 
 // Policy is the cached policy of a queue (fetched first if not cached); nil if none.
-func (c *Client) Policy(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
+func (c *Rebound) Policy(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
 	c.mu.Lock()
 	c.queues[queue] = true
 	cached, ok := c.policies[queue]
@@ -532,7 +574,7 @@ func (c *Client) Policy(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
 }
 
 // Close stops the background refresh and closes the connection.
-func (c *Client) Close() error {
+func (c *Rebound) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -541,6 +583,78 @@ func (c *Client) Close() error {
 	c.closed = true
 	c.mu.Unlock()
 	close(c.stop)
+	c.stopWatch()
 	c.wg.Wait()
 	return c.conn.Close()
+}
+
+// Prefetch fetches the policies of the queues a worker consumes (GetPolicy), in parallel,
+// and waits for the answers (each within Options.Deadline): call it when the worker starts,
+// before any job runs, so that every decision during a later outage comes from the
+// namespace's real policy (policySource "cached"). If the sidecar cannot be reached it logs
+// one warning naming the target (event "rebound.prefetch"); the queues are fetched again
+// as soon as the connection is back, and meanwhile answered with the default policy.
+func (c *Rebound) Prefetch(ctx context.Context, queues ...string) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []string
+	var cause codes.Code
+	for _, q := range queues {
+		c.mu.Lock()
+		c.queues[q] = true
+		c.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.fetch(ctx, q); err != nil && status.Code(err) != codes.NotFound {
+				mu.Lock()
+				failed, cause = append(failed, q), status.Code(err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		c.logger.Warn("sidecar not reachable at start; deciding with the default policy until it is",
+			"event", "rebound.prefetch", "target", c.target, "queues", failed, "code", cause.String(),
+			"policySource", string(PolicyDefault))
+	}
+}
+
+// Cached is the cached policy of a queue, without fetching it; nil if none.
+func (c *Rebound) Cached(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.policies[queue]; ok {
+		return p.ref, p.resolved
+	}
+	return nil, nil
+}
+
+// Logger is the logger the client writes to (Options.Logger).
+func (c *Rebound) Logger() *slog.Logger { return c.logger }
+
+// watchConnection fetches every known queue's policy again each time the connection
+// becomes ready (the sidecar came up after the worker, or came back after an outage).
+func (c *Rebound) watchConnection(ctx context.Context) {
+	defer c.wg.Done()
+	state := c.conn.GetState()
+	for {
+		if !c.conn.WaitForStateChange(ctx, state) {
+			return
+		}
+		prev := state
+		state = c.conn.GetState()
+		if state == connectivity.Ready && prev != connectivity.Ready {
+			c.mu.Lock()
+			qs := make([]string, 0, len(c.queues))
+			for q := range c.queues {
+				qs = append(qs, q)
+			}
+			c.mu.Unlock()
+			for _, q := range qs {
+				c.refreshAsync(q)
+			}
+		}
+	}
 }

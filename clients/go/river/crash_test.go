@@ -3,6 +3,8 @@ package reboundriver_test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -40,6 +42,11 @@ type sleepWorker struct {
 }
 
 func (*sleepWorker) Work(ctx context.Context, job *river.Job[SleepArgs]) error {
+	if os.Getenv(runsDirEnv) != "" {
+		if err := os.WriteFile(runMark(job.ID, job.Attempt), nil, 0o644); err != nil {
+			return err
+		}
+	}
 	if job.Attempt == 1 {
 		<-ctx.Done()
 		return ctx.Err()
@@ -76,8 +83,15 @@ func runCrashWorker() int {
 	}
 	rb, err := rebound.New(rebound.Options{})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		// Refused before any River client exists: no job runs.
+		line := map[string]any{"event": "worker.refused", "error": err.Error()}
+		var te *rebound.TargetError
+		if errors.As(err, &te) {
+			line["setting"], line["target"] = te.Setting, te.Target
+		}
+		raw, _ := json.Marshal(line)
+		fmt.Fprintln(os.Stderr, string(raw))
+		return 2
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &sleepWorker{})
@@ -113,6 +127,12 @@ func runMark(id int64, attempt int) string {
 // of the test if still running.
 func startWorkerProcess(t *testing.T, queue string) *exec.Cmd {
 	t.Helper()
+	return startWorkerProcessEnv(t, queue)
+}
+
+// startWorkerProcessEnv is startWorkerProcess with env (KEY=VALUE) added last.
+func startWorkerProcessEnv(t *testing.T, queue string, env ...string) *exec.Cmd {
+	t.Helper()
 	log, err := os.OpenFile(filepath.Join(runDir, "worker-"+queue+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +140,7 @@ func startWorkerProcess(t *testing.T, queue string) *exec.Cmd {
 	worker := exec.Command(os.Args[0], "-test.run=^$")
 	worker.Env = append(os.Environ(), crashWorkerEnv+"=1", "DATABASE_URL="+pool.Config().ConnString(),
 		"REBOUND_TARGET="+sidecar.Target, "REBOUND_TEST_QUEUE="+queue)
+	worker.Env = append(worker.Env, env...)
 	worker.Stdout, worker.Stderr = log, log
 	worker.SysProcAttr = devstack.DieWithParent()
 	if err := worker.Start(); err != nil {
@@ -250,7 +271,7 @@ func TestRescuedPastMaxAttemptsIsGivenUp(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	if job.State != rivertype.JobStateCancelled || job.Attempt > 3 {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt > 3 {
 		t.Fatalf("state %s attempt %d errors %+v", job.State, job.Attempt, job.Errors)
 	}
 	g := giveUpOf(t, job)
@@ -258,7 +279,7 @@ func TestRescuedPastMaxAttemptsIsGivenUp(t *testing.T) {
 		t.Fatalf("no metadata.rebound: %s", job.Metadata)
 	}
 	if g.Disposition != reboundriver.DispositionDeadLetter || g.DeadLetterQueue != "rescued-dead" ||
-		g.Reason != "max_attempts" || g.Policy != "gotest/rescued" || g.Attempt != 2 {
+		g.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" || g.Policy != "gotest/rescued" || g.Attempt != 2 {
 		t.Fatalf("record %+v", g)
 	}
 }

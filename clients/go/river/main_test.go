@@ -29,6 +29,8 @@ var (
 	pool    *pgxpool.Pool
 	sidecar *devstack.Sidecar
 	runDir  string
+	// confSidecar serves clients/conformance/policies.yaml (namespace conformance).
+	confSidecar *devstack.Sidecar
 )
 
 const policies = `
@@ -134,9 +136,22 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer sidecar.Kill()
+	confPolicies, err := os.ReadFile(filepath.Join(devstack.RepoRoot(), "clients", "conformance", "policies.yaml"))
+	if err != nil {
+		return fail(err)
+	}
+	confSidecar, err = devstack.NewFileSidecar(filepath.Join(runDir, "conformance-sidecar"), "conformance", string(confPolicies), "fixed-3")
+	if err != nil {
+		return fail(err)
+	}
+	if err := confSidecar.Start(); err != nil {
+		return fail(err)
+	}
+	defer confSidecar.Kill()
 	code := m.Run()
 	// Stopped before the state dir goes (the deferred calls would run after it).
 	sidecar.Kill()
+	confSidecar.Kill()
 	pool.Close()
 	if err := pg.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "teardown:", err)
@@ -191,7 +206,7 @@ func (failWorker) Work(_ context.Context, job *river.Job[FailArgs]) error {
 }
 
 // newRebound is a rebound client for target (warmed for queues) closed at the end of the test.
-func newRebound(t *testing.T, target string, queues ...string) *rebound.Client {
+func newRebound(t *testing.T, target string, queues ...string) *rebound.Rebound {
 	t.Helper()
 	c, err := rebound.New(rebound.Options{Target: target, Deadline: 2 * time.Second, Logger: quiet()})
 	if err != nil {
@@ -205,7 +220,13 @@ func newRebound(t *testing.T, target string, queues ...string) *rebound.Client {
 }
 
 // startRiver runs a River client working queues with the adapter installed.
-func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Client[pgx5Tx] {
+func startRiver(t *testing.T, rb *rebound.Rebound, queues ...string) *river.Client[pgx5Tx] {
+	t.Helper()
+	return startRiverWith(t, rb, nil, queues...)
+}
+
+// startRiverWith is startRiver with the config changed by edit before the adapter is installed.
+func startRiverWith(t *testing.T, rb *rebound.Rebound, edit func(*river.Config), queues ...string) *river.Client[pgx5Tx] {
 	t.Helper()
 	workers := river.NewWorkers()
 	river.AddWorker(workers, failWorker{})
@@ -213,6 +234,7 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	river.AddWorker(workers, panicWorker{})
 	river.AddWorker(workers, &blockWorker{})
 	river.AddWorker(workers, causeWorker{})
+	river.AddWorker(workers, recWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,
@@ -224,6 +246,9 @@ func startRiver(t *testing.T, rb *rebound.Client, queues ...string) *river.Clien
 	}
 	for _, q := range queues {
 		cfg.Queues[q] = river.QueueConfig{MaxWorkers: 4}
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
 	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
@@ -294,3 +319,36 @@ func giveUpOf(t *testing.T, job *rivertype.JobRow) *reboundriver.GiveUp {
 }
 
 type pgx5Tx = pgx.Tx
+
+// deadLetter is a dead-letter job as the README's query reads it, with its args decoded.
+type deadLetter struct {
+	id int64
+	reboundriver.DeadLetterArgs
+}
+
+// deadLettersOf are the dead letters of job id (in queue dlq, any queue when empty).
+func deadLettersOf(t *testing.T, dlq string, id int64) []deadLetter {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id, args FROM river_job
+		WHERE kind = 'rebound_dead_letter' AND ($1 = '' OR queue = $1) AND (args->>'job_id')::bigint = $2 ORDER BY id`, dlq, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []deadLetter
+	for rows.Next() {
+		var d deadLetter
+		var raw []byte
+		if err := rows.Scan(&d.id, &raw); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, &d.DeadLetterArgs); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	return out
+}

@@ -48,7 +48,8 @@ func TestReadmeQuickStartAsPasted(t *testing.T) {
 	text := string(raw)
 	sh, code, sqls := blocks(text, "sh"), blocks(text, "go"), blocks(text, "sql")
 	if len(sh) < 2 || !strings.HasPrefix(sh[0], "mkdir rebound-quickstart") || sh[1] != "go mod tidy\ngo run .\n" ||
-		!strings.Contains(code[0], "package main") || len(sqls) != 1 {
+		!strings.Contains(code[0], "package main") || len(sqls) != 1 || len(code) < 2 ||
+		!strings.Contains(code[1], "reboundriver.Replay(ctx, client, deadLetterID)") {
 		t.Fatalf("README blocks changed: sh %q", sh)
 	}
 
@@ -110,11 +111,11 @@ func TestReadmeQuickStartAsPasted(t *testing.T) {
 			t.Fatalf("unexpected output line %q", sc.Text())
 		}
 	}
-	var cancelled []int64
+	var cancelled []int64 // given up: discarded
 	for _, j := range jobs {
 		switch {
 		case j.State == "completed" && j.Attempts >= 1 && j.Attempts <= 2:
-		case j.State == "cancelled" && j.Attempts == 2:
+		case j.State == "discarded" && j.Attempts == 2:
 			cancelled = append(cancelled, j.Job)
 		default:
 			t.Errorf("job %+v", j)
@@ -135,20 +136,29 @@ func TestReadmeQuickStartAsPasted(t *testing.T) {
 	}
 	var found []int64
 	for rows.Next() {
-		var id int64
-		var kind string
-		var args, giveUp json.RawMessage
-		if err := rows.Scan(&id, &kind, &args, &giveUp); err != nil {
+		var id, jobID int64
+		var reason string
+		var attempts int
+		var args json.RawMessage
+		if err := rows.Scan(&id, &jobID, &reason, &attempts, &args); err != nil {
 			t.Fatal(err)
 		}
-		found = append(found, id)
+		var a struct {
+			URL   string `json:"url"`
+			Event int    `json:"event"`
+		}
+		if err := json.Unmarshal(args, &a); err != nil || a.URL == "" || reason != "GIVE_UP_REASON_MAX_ATTEMPTS" || attempts != 2 {
+			t.Errorf("dead letter %d of job %d: reason %s attempts %d args %s", id, jobID, reason, attempts, args)
+		}
+		found = append(found, jobID)
 	}
 	if rows.Err() != nil {
 		t.Fatal(rows.Err())
 	}
 	sort.Slice(cancelled, func(i, j int) bool { return cancelled[i] < cancelled[j] })
+	sort.Slice(found, func(i, j int) bool { return found[i] < found[j] }) // the query orders by dead letter
 	if len(found) != len(cancelled) || (len(found) > 0 && !equal(found, cancelled)) {
-		t.Fatalf("README query found %v, the quick start cancelled %v", found, cancelled)
+		t.Fatalf("README query found dead letters of %v, the quick start gave up %v", found, cancelled)
 	}
 }
 

@@ -1,29 +1,37 @@
 // Package reboundriver lets Rebound decide River's retries.
 //
 // River asks its ClientRetryPolicy only when a job is to be retried, and the policy cannot
-// cancel. So the adapter has two parts, installed together by Configure:
+// end a job. So the adapter has two parts, installed together by Configure:
 //
-//   - a worker middleware that, after a failed run, asks the sidecar (through a
-//     rebound.Client); on GIVE_UP it records the disposition in the job's metadata under
-//     "rebound" and returns river.JobCancel, so the job ends in state `cancelled`; on
-//     RETRY it keeps the delay for
+//   - a worker middleware that, after a failed run (an error or a panic), asks the sidecar
+//     (through a rebound.Rebound). On GIVE_UP it ends the job in River's own state for
+//     exhausted jobs, `discarded`, with the give-up recorded in its metadata under
+//     "rebound", and for a dead letter inserts a job of kind DeadLetterKind into the
+//     policy's deadLetterQueue, both in one transaction. A panic is passed on to River
+//     after the decision, so ErrorHandler.HandlePanic sees it with its trace. On RETRY it
+//     keeps the delay for
 //   - the RetryPolicy, whose NextRetry is now + that delay. For jobs the middleware did not
 //     see fail (River's rescuer retrying a job whose worker died), NextRetry asks itself,
-//     and if Rebound gave up, the middleware cancels the job before its next run.
+//     and if Rebound gave up, the middleware gives the job up before its next run.
 //
 // River's own MaxAttempts is set to rebound.LibraryAttempts so it never decides.
 package reboundriver
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/rivertype"
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
@@ -45,23 +53,68 @@ const (
 
 // GiveUp is what the middleware writes to metadata.rebound when Rebound gives up on a job.
 type GiveUp struct {
-	// Disposition is "dead_letter" (keep for replay) or "drop".
+	// Disposition is "dead_letter" (a job was inserted into DeadLetterQueue) or "drop".
 	Disposition string `json:"disposition"`
 	// DeadLetterQueue is the policy's dead-letter queue (dead_letter only).
 	DeadLetterQueue string `json:"dead_letter_queue,omitempty"`
-	// Reason is "max_attempts", "deadline", "non_retryable" or "library_max_attempts".
+	// DeadLetterJobID is the ID of the dead letter inserted there (dead_letter only).
+	DeadLetterJobID int64 `json:"dead_letter_job_id,omitempty"`
+	// Reason is the proto's GIVE_UP_REASON_MAX_ATTEMPTS, _DEADLINE or _NON_RETRYABLE, or
+	// "library_max_attempts".
 	Reason        string `json:"reason"`
 	ReasonMessage string `json:"reason_message"`
 	// Policy is "namespace/name" of the policy that decided ("" for the default policy).
 	Policy     string `json:"policy"`
 	ConfigHash string `json:"config_hash,omitempty"`
 	Queue      string `json:"queue"`
+	// Attempt is the number of runs made (River's attempt of the last run).
 	Attempt    int    `json:"attempt"`
 	ErrorClass string `json:"error_class,omitempty"`
 	Error      string `json:"error"`
-	// Source is "sidecar" or "fallback".
-	Source string    `json:"source"`
-	At     time.Time `json:"at"`
+	// Source is "sidecar" or "fallback" (who decided); PolicySource is "sidecar", "cached"
+	// or "default" (where the policy came from).
+	Source       string    `json:"source"`
+	PolicySource string    `json:"policy_source"`
+	At           time.Time `json:"at"`
+}
+
+// DeadLetterKind is the kind of the job a dead letter is inserted as.
+const DeadLetterKind = "rebound_dead_letter"
+
+// DeadLetterArgs is the job inserted into the policy's deadLetterQueue when Rebound gives up
+// with disposition dead letter: the original job's kind and args, its ID, queue, the reason
+// and the number of runs made. Replay puts the original job back to work.
+type DeadLetterArgs struct {
+	JobKind       string          `json:"kind"`
+	Args          json.RawMessage `json:"args"`
+	JobID         int64           `json:"job_id"`
+	Queue         string          `json:"queue"`
+	Reason        string          `json:"reason"`
+	ReasonMessage string          `json:"reason_message"`
+	// Attempts is the number of runs made.
+	Attempts     int       `json:"attempts"`
+	Error        string    `json:"error"`
+	ErrorClass   string    `json:"error_class,omitempty"`
+	Policy       string    `json:"policy"`
+	ConfigHash   string    `json:"config_hash,omitempty"`
+	Source       string    `json:"source"`
+	PolicySource string    `json:"policy_source"`
+	At           time.Time `json:"at"`
+}
+
+// Kind is DeadLetterKind.
+func (DeadLetterArgs) Kind() string { return DeadLetterKind }
+
+// DeadLetterWorker is registered by Configure for DeadLetterKind, so that a client can insert
+// dead letters. A dead letter is not meant to run (nobody works a dead-letter queue): if a
+// client does work the queue, the dead letter is snoozed, never lost; Replay runs it.
+type DeadLetterWorker struct {
+	river.WorkerDefaults[DeadLetterArgs]
+}
+
+// Work snoozes the dead letter for an hour.
+func (DeadLetterWorker) Work(context.Context, *river.Job[DeadLetterArgs]) error {
+	return river.JobSnooze(time.Hour)
 }
 
 // Classified is an error carrying its class for the policy's nonRetryableErrors.
@@ -139,6 +192,7 @@ type Adapter struct {
 type pendingRetry struct {
 	attempt int
 	delay   time.Duration
+	gaveUp  bool
 }
 
 var (
@@ -147,7 +201,7 @@ var (
 )
 
 // New makes an adapter asking through client.
-func New(client *rebound.Client, o Options) *Adapter {
+func New(client *rebound.Rebound, o Options) *Adapter {
 	a := &Adapter{client: client, errorClass: o.ErrorClass, retryAfter: o.RetryAfter, pending: map[int64]pendingRetry{}}
 	if a.errorClass == nil {
 		a.errorClass = ErrorClass
@@ -159,16 +213,26 @@ func New(client *rebound.Client, o Options) *Adapter {
 }
 
 // Configure installs the adapter in a River config: RetryPolicy, the worker middleware,
-// and MaxAttempts above every policy's. Keep cancelled jobs as long as dead letters
-// should be replayable (CancelledJobRetentionPeriod; River's default is 24h, -1 keeps them).
+// MaxAttempts above every policy's, and DeadLetterWorker (so dead letters can be inserted).
+// It prefetches the policies of cfg.Queues (Rebound.Prefetch), so that during a later
+// sidecar outage every decision comes from the queues' real policies. Keep discarded jobs as
+// long as they should be replayable (DiscardedJobRetentionPeriod; River's default is 7 days).
 func Configure(cfg *river.Config, a *Adapter) {
 	cfg.RetryPolicy = a
 	cfg.MaxAttempts = rebound.LibraryAttempts
 	cfg.Middleware = append(cfg.Middleware, a)
+	if cfg.Workers != nil {
+		_ = river.AddWorkerSafely(cfg.Workers, DeadLetterWorker{}) // already there: fine
+	}
+	queues := make([]string, 0, len(cfg.Queues))
+	for q := range cfg.Queues {
+		queues = append(queues, q)
+	}
+	a.client.Prefetch(context.Background(), queues...)
 }
 
-// Client is the rebound client the adapter asks.
-func (a *Adapter) Client() *rebound.Client { return a.client }
+// Client is the Rebound the adapter asks.
+func (a *Adapter) Client() *rebound.Rebound { return a.client }
 
 // firstFailure is when the job's first failed run started: its first recorded error's At
 // (River records the run's start there), else this run's start, else now.
@@ -202,18 +266,7 @@ func (a *Adapter) safeRetryAfter(err error) (d time.Duration) {
 	return a.retryAfter(err)
 }
 
-func reasonName(r pb.GiveUpReason) string {
-	switch r {
-	case pb.GiveUpReason_GIVE_UP_REASON_MAX_ATTEMPTS:
-		return "max_attempts"
-	case pb.GiveUpReason_GIVE_UP_REASON_DEADLINE:
-		return "deadline"
-	case pb.GiveUpReason_GIVE_UP_REASON_NON_RETRYABLE:
-		return "non_retryable"
-	default:
-		return "unspecified"
-	}
-}
+func reasonName(r pb.GiveUpReason) string { return r.String() }
 
 // rescuedError is the error River's rescuer records for a run whose worker vanished.
 const rescuedError = "Stuck job rescued by JobRescuer"
@@ -228,6 +281,17 @@ func rescuedAttempt(job *rivertype.JobRow) (rivertype.AttemptError, bool) {
 	return last, last.Error == rescuedError && last.Trace == "" && last.Attempt > 0 && last.Attempt < job.Attempt
 }
 
+// decide asks Rebound and logs the answer (debug level, event "rebound.decision").
+func (a *Adapter) decide(ctx context.Context, f rebound.Failure) rebound.Answer {
+	ans := a.client.Decide(context.WithoutCancel(ctx), f)
+	a.client.Logger().DebugContext(ctx, "rebound decided", "event", "rebound.decision", "queue", f.Queue,
+		"jobId", f.JobID, "attempt", f.Attempt, "errorClass", f.ErrorClass, "decision", ans.Decision.String(),
+		"delayMs", ans.Delay.Milliseconds(), "disposition", ans.Disposition.String(), "reason", ans.Reason.String(),
+		"policy", ans.Policy.GetNamespace()+"/"+ans.Policy.GetName(), "source", string(ans.Source),
+		"policySource", string(ans.PolicySource))
+	return ans
+}
+
 // Work runs the job; after a failure it asks Rebound and carries out a give-up. A job
 // River's rescuer put back after Rebound gave up on the rescued run is given up here,
 // before it runs: its next run could die as well and never reach the failure path.
@@ -240,19 +304,22 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 			JobID:        strconv.FormatInt(job.ID, 10),
 			FirstFailure: firstFailure(job, now),
 		}
-		if ans := a.client.Decide(context.WithoutCancel(ctx), f); !ans.Retry() {
-			return a.giveUp(ctx, job, f, ans, "", errors.New(last.Error), now)
+		if ans := a.decide(ctx, f); !ans.Retry() {
+			return a.giveUp(ctx, job, f, ans, "", errors.New(last.Error), "", now)
 		}
 	}
-	func() {
-		// A panic becomes an error here, so that it is decided like any failure.
-		defer func() {
-			if r := recover(); r != nil {
-				err = WithClass(fmt.Errorf("panic: %v", r), "panic")
-			}
-		}()
-		err = doInner(ctx)
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		// Decided like any failure (class "panic"), then passed on to River (from inside
+		// this deferred call, so the stack still holds the panicking frames): River's
+		// ErrorHandler.HandlePanic gets the value and the trace.
+		_ = a.failed(ctx, job, WithClass(fmt.Errorf("panic: %v", r), "panic"), string(debug.Stack()))
+		panic(r)
 	}()
+	err = doInner(ctx)
 	if err == nil {
 		return nil
 	}
@@ -265,6 +332,12 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		// River's soft stop (the run does not count) or a cancelled run: NextRetry decides.
 		return err
 	}
+	return a.failed(ctx, job, err, "")
+}
+
+// failed decides after a failed run: RETRY keeps the delay for NextRetry, GIVE_UP ends the
+// job (giveUp). It returns what the middleware returns to River.
+func (a *Adapter) failed(ctx context.Context, job *rivertype.JobRow, err error, trace string) error {
 	now := time.Now()
 	f := rebound.Failure{
 		Queue:        job.Queue,
@@ -274,13 +347,13 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		FirstFailure: firstFailure(job, now),
 		RetryAfter:   a.safeRetryAfter(err),
 	}
-	ans := a.client.Decide(context.WithoutCancel(ctx), f)
+	ans := a.decide(ctx, f)
 	if ans.Retry() && job.MaxAttempts > 0 && job.Attempt >= job.MaxAttempts {
 		// River would discard the job (no record) without asking the retry policy: the
 		// job was inserted with a MaxAttempts below its policy's. Give up the policy's way.
 		a.client.HookError(job.Queue, f.JobID, "maxAttempts", fmt.Errorf(
 			"river's MaxAttempts %d reached before the policy's maxAttempts; insert with the adapter's MaxAttempts (Configure)", job.MaxAttempts))
-		return a.giveUp(ctx, job, f, a.terminal(job.Queue, ans), ReasonLibraryMaxAttempts, err, now)
+		return a.giveUp(ctx, job, f, a.terminal(job.Queue, ans), ReasonLibraryMaxAttempts, err, trace, now)
 	}
 	if ans.Retry() {
 		a.mu.Lock()
@@ -288,7 +361,7 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		a.mu.Unlock()
 		return err
 	}
-	return a.giveUp(ctx, job, f, ans, "", err, now)
+	return a.giveUp(ctx, job, f, ans, "", err, trace, now)
 }
 
 // terminal turns a RETRY answer into the give-up of the queue's policy (its terminal
@@ -318,9 +391,17 @@ func softStop(ctx context.Context, err error) bool {
 	return !errors.Is(cause, context.DeadlineExceeded) && errors.Is(err, cause)
 }
 
-// giveUp records the give-up in metadata.rebound and cancels the job. reason, when set,
-// replaces the answer's (the answer was not a give-up but the job cannot run again).
-func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.Failure, ans rebound.Answer, reason string, err error, now time.Time) error {
+// SettleFor bounds how long a give-up keeps trying to write the job's end (its state and
+// the dead letter) while the database does not answer, before leaving it to River.
+var SettleFor = 30 * time.Second
+
+var errNotRunning = errors.New("the job is no longer running (cancelled or rescued meanwhile)")
+
+// giveUp ends the job in River's `discarded` state with metadata.rebound, and for a dead
+// letter inserts the DeadLetterArgs job into the policy's deadLetterQueue, in one
+// transaction. reason, when set, replaces the answer's (the answer was not a give-up but
+// the job cannot run again). It returns err: River then finds the job no longer running.
+func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.Failure, ans rebound.Answer, reason string, err error, trace string, now time.Time) error {
 	g := GiveUp{
 		Disposition:   DispositionDrop,
 		Reason:        reasonName(ans.Reason),
@@ -331,6 +412,7 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 		ErrorClass:    f.ErrorClass,
 		Error:         err.Error(),
 		Source:        string(ans.Source),
+		PolicySource:  string(ans.PolicySource),
 		At:            now.UTC(),
 	}
 	if reason != "" {
@@ -339,18 +421,143 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 	if ans.Policy.GetName() != "" {
 		g.Policy = ans.Policy.GetNamespace() + "/" + ans.Policy.GetName()
 	}
-	if ans.Disposition == pb.Disposition_DISPOSITION_DEAD_LETTER {
+	var dl *DeadLetterArgs
+	if ans.Disposition == pb.Disposition_DISPOSITION_DEAD_LETTER && ans.DeadLetterQueue != "" {
 		g.Disposition, g.DeadLetterQueue = DispositionDeadLetter, ans.DeadLetterQueue
+		dl = &DeadLetterArgs{
+			JobKind: job.Kind, Args: json.RawMessage(job.EncodedArgs), JobID: job.ID, Queue: job.Queue,
+			Reason: g.Reason, ReasonMessage: g.ReasonMessage, Attempts: f.Attempt, Error: g.Error,
+			ErrorClass: g.ErrorClass, Policy: g.Policy, ConfigHash: g.ConfigHash, Source: g.Source,
+			PolicySource: g.PolicySource, At: g.At,
+		}
+		if len(dl.Args) == 0 {
+			dl.Args = json.RawMessage("{}")
+		}
 	}
-	if merr := river.MetadataSet(ctx, MetadataKey, g); merr != nil {
-		a.client.HookError(job.Queue, f.JobID, "metadata", merr)
+	// NextRetry, which River still calls when the middleware returns an error, has nothing to ask.
+	a.mu.Lock()
+	a.pending[job.ID] = pendingRetry{attempt: job.Attempt, gaveUp: true}
+	a.mu.Unlock()
+
+	at := now
+	if job.AttemptedAt != nil && !job.AttemptedAt.IsZero() {
+		at = *job.AttemptedAt
 	}
-	if ans.Disposition == pb.Disposition_DISPOSITION_DEAD_LETTER {
+	s := settlement{job: job, dl: dl, dlq: g.DeadLetterQueue, now: now,
+		attemptErr: rivertype.AttemptError{At: at, Attempt: job.Attempt, Error: err.Error(), Trace: trace}}
+	settled, id, serr := a.settle(context.WithoutCancel(ctx), &s, g)
+	switch {
+	case settled:
+		g.DeadLetterJobID = id
+	case errors.Is(serr, errNotRunning):
+		a.client.HookError(job.Queue, f.JobID, "giveUp", serr)
+		return err
+	default:
+		// No transaction (an unknown driver, or the database did not answer within
+		// SettleFor): River's own discard path (its attempt limit reached), recording the
+		// give-up in the metadata. A dead letter could not be inserted.
+		if serr != nil {
+			a.client.HookError(job.Queue, f.JobID, "giveUp", serr)
+		}
+		if dl != nil {
+			a.client.HookError(job.Queue, f.JobID, "deadLetter", fmt.Errorf("dead letter for %s not inserted", g.DeadLetterQueue))
+		}
+		if merr := river.MetadataSet(ctx, MetadataKey, g); merr != nil {
+			a.client.HookError(job.Queue, f.JobID, "metadata", merr)
+		}
+		job.MaxAttempts = job.Attempt // River discards the job without asking NextRetry
+		a.mu.Lock()
+		delete(a.pending, job.ID)
+		a.mu.Unlock()
+	}
+	event := "rebound.dropped"
+	if g.Disposition == DispositionDeadLetter {
+		event = "rebound.dead_lettered"
 		a.client.CountDisposition(pb.Disposition_DISPOSITION_DEAD_LETTER)
 	} else {
 		a.client.CountDisposition(pb.Disposition_DISPOSITION_DROP)
 	}
-	return river.JobCancel(err)
+	a.client.Logger().WarnContext(ctx, "rebound gave up on the job", "event", event, "queue", job.Queue,
+		"jobId", f.JobID, "kind", job.Kind, "attempts", f.Attempt, "reason", g.Reason, "deadLetterQueue", g.DeadLetterQueue,
+		"deadLetterJobId", g.DeadLetterJobID, "policy", g.Policy, "source", g.Source, "policySource", g.PolicySource)
+	return err
+}
+
+type settlement struct {
+	job        *rivertype.JobRow
+	dl         *DeadLetterArgs
+	dlq        string
+	now        time.Time
+	attemptErr rivertype.AttemptError
+}
+
+// settle writes the give-up in a transaction of the River client running the job (pgx or
+// database/sql), retrying while the database does not answer. settled is false when
+// there is no such client.
+func (a *Adapter) settle(ctx context.Context, s *settlement, g GiveUp) (settled bool, id int64, err error) {
+	errData, err := json.Marshal(s.attemptErr)
+	if err != nil {
+		return false, 0, err
+	}
+	var try func() (int64, error)
+	if c, cerr := river.ClientFromContextSafely[pgx.Tx](ctx); cerr == nil {
+		try = func() (int64, error) { return settleTx(ctx, c, s, errData, g) }
+	} else if c, cerr := river.ClientFromContextSafely[*sql.Tx](ctx); cerr == nil {
+		try = func() (int64, error) { return settleTx(ctx, c, s, errData, g) }
+	} else {
+		return false, 0, nil
+	}
+	end := time.Now().Add(SettleFor)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		id, err = try()
+		if err == nil {
+			return true, id, nil
+		}
+		if errors.Is(err, errNotRunning) || time.Now().Add(wait).After(end) {
+			return false, 0, err
+		}
+		time.Sleep(wait)
+	}
+}
+
+func settleTx[TTx any](ctx context.Context, client *river.Client[TTx], s *settlement, errData []byte, g GiveUp) (int64, error) {
+	drv := client.Driver()
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	execTx, err := drv.GetExecutor().Begin(tctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = execTx.Rollback(tctx) }()
+	if s.dl != nil {
+		res, err := client.InsertTx(tctx, drv.UnwrapTx(execTx), *s.dl, &river.InsertOpts{Queue: s.dlq})
+		if err != nil {
+			return 0, err
+		}
+		g.DeadLetterJobID = res.Job.ID
+	}
+	meta, err := json.Marshal(map[string]GiveUp{MetadataKey: g})
+	if err != nil {
+		return 0, err
+	}
+	rows, err := execTx.JobSetStateIfRunningMany(tctx, &riverdriver.JobSetStateIfRunningManyParams{
+		ID:              []int64{s.job.ID},
+		Attempt:         []*int{nil},
+		ErrData:         [][]byte{errData},
+		FinalizedAt:     []*time.Time{&s.now},
+		MetadataDoMerge: []bool{true},
+		MetadataUpdates: [][]byte{meta},
+		ScheduledAt:     []*time.Time{nil},
+		Schema:          client.Schema(),
+		State:           []rivertype.JobState{rivertype.JobStateDiscarded},
+	})
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) != 1 || rows[0].State != rivertype.JobStateDiscarded || len(rows[0].Errors) != len(s.job.Errors)+1 {
+		return 0, errNotRunning
+	}
+	return g.DeadLetterJobID, execTx.Commit(tctx)
 }
 
 // NextRetry is River's retry policy: now + the delay the middleware was told for this
@@ -376,3 +583,52 @@ func (a *Adapter) NextRetry(job *rivertype.JobRow) time.Time {
 	}
 	return now
 }
+
+// Replay puts a dead letter's job back to work: the original job (same ID) is made available
+// at once with River's JobRetry, and the dead letter deleted, in one transaction. If River
+// has deleted the original meanwhile (DiscardedJobRetentionPeriod), a new job of the same
+// kind and args is inserted into its queue instead. It returns the job that will run.
+func Replay[TTx any](ctx context.Context, client *river.Client[TTx], deadLetterID int64) (*rivertype.JobRow, error) {
+	drv := client.Driver()
+	execTx, err := drv.GetExecutor().Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = execTx.Rollback(ctx) }()
+	tx := drv.UnwrapTx(execTx)
+	row, err := client.JobGetTx(ctx, tx, deadLetterID)
+	if err != nil {
+		return nil, err
+	}
+	if row.Kind != DeadLetterKind {
+		return nil, fmt.Errorf("job %d is a %q, not a dead letter (%s)", deadLetterID, row.Kind, DeadLetterKind)
+	}
+	var dl DeadLetterArgs
+	if err := json.Unmarshal(row.EncodedArgs, &dl); err != nil {
+		return nil, fmt.Errorf("dead letter %d: %w", deadLetterID, err)
+	}
+	job, err := client.JobRetryTx(ctx, tx, dl.JobID)
+	if errors.Is(err, rivertype.ErrNotFound) {
+		var res *rivertype.JobInsertResult
+		res, err = client.InsertTx(ctx, tx, rawArgs{kind: dl.JobKind, args: dl.Args}, &river.InsertOpts{Queue: dl.Queue})
+		if res != nil {
+			job = res.Job
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := client.JobDeleteTx(ctx, tx, deadLetterID); err != nil {
+		return nil, err
+	}
+	return job, execTx.Commit(ctx)
+}
+
+// rawArgs are already encoded args of a kind.
+type rawArgs struct {
+	kind string
+	args json.RawMessage
+}
+
+func (r rawArgs) Kind() string                 { return r.kind }
+func (r rawArgs) MarshalJSON() ([]byte, error) { return r.args, nil }

@@ -2,8 +2,12 @@ package reboundriver_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,14 +19,6 @@ import (
 	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 )
 
-// deadLetters is the query the README documents: the dead letters of one queue.
-const deadLetters = `
-SELECT id FROM river_job
-WHERE state = 'cancelled'
-  AND metadata->'rebound'->>'disposition' = 'dead_letter'
-  AND metadata->'rebound'->>'dead_letter_queue' = $1
-ORDER BY id`
-
 // The gaps between runs are at least the delays the policy decided (equal jitter,
 // exponential), and the job gives up after exactly maxAttempts runs.
 func TestGapsBetweenAttemptsWithinBounds(t *testing.T) {
@@ -30,7 +26,7 @@ func TestGapsBetweenAttemptsWithinBounds(t *testing.T) {
 	c := startRiver(t, rb, "gaps")
 	id := insert(t, c, "gaps", FailArgs{FailTimes: -1})
 	job := waitFinal(t, c, id, 60*time.Second)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 5 || len(job.Errors) != 5 {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 5 || len(job.Errors) != 5 {
 		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
 	}
 	ref, resolved := rb.Policy("gaps")
@@ -52,74 +48,142 @@ func TestGapsBetweenAttemptsWithinBounds(t *testing.T) {
 		}
 	}
 	g := giveUpOf(t, job)
-	if g == nil || g.Reason != "max_attempts" || g.Disposition != reboundriver.DispositionDeadLetter || g.DeadLetterQueue != "gaps-dead" {
+	if g == nil || g.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" || g.Disposition != reboundriver.DispositionDeadLetter || g.DeadLetterQueue != "gaps-dead" {
 		t.Fatalf("give-up %+v", g)
 	}
 }
 
-// maxAttempts runs exactly, then a dead letter recorded in the metadata, found by the
-// README's query, and replayed with JobRetry (it succeeds on that run).
+// maxAttempts runs exactly, then the job ends discarded (River's state for exhausted
+// jobs) with the give-up in its metadata, and a dead letter is inserted into the policy's
+// deadLetterQueue carrying the job's kind, args, ID, queue, reason and runs. The README's
+// query finds it, and Replay runs the same job again (it succeeds on that run).
 func TestExactMaxAttemptsDeadLetterFoundAndReplayed(t *testing.T) {
 	rb := newRebound(t, sidecar.Target, "payments")
 	c := startRiver(t, rb, "payments")
-	id := insert(t, c, "payments", FailArgs{FailTimes: 4})
+	id := insert(t, c, "payments", FailArgs{FailTimes: 4, Class: "http.503"})
 	job := waitFinal(t, c, id, 30*time.Second)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 4 || len(job.Errors) != 4 {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 4 || len(job.Errors) != 4 {
 		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
 	}
 	g := giveUpOf(t, job)
-	want := reboundriver.GiveUp{Disposition: "dead_letter", DeadLetterQueue: "payments-dead", Reason: "max_attempts",
-		Policy: "gotest/payments", Queue: "payments", Attempt: 4, Error: "run 4 failed", Source: "sidecar"}
+	want := reboundriver.GiveUp{Disposition: "dead_letter", DeadLetterQueue: "payments-dead", Reason: "GIVE_UP_REASON_MAX_ATTEMPTS",
+		Policy: "gotest/payments", Queue: "payments", Attempt: 4, ErrorClass: "http.503", Error: "run 4 failed", Source: "sidecar", PolicySource: "sidecar"}
 	if g == nil {
 		t.Fatal("no metadata.rebound")
 	}
 	got := *g
-	got.ReasonMessage, got.ConfigHash, got.At, got.ErrorClass = "", "", time.Time{}, ""
-	if got != want || g.ConfigHash == "" || g.ReasonMessage == "" {
+	got.ReasonMessage, got.ConfigHash, got.At, got.DeadLetterJobID = "", "", time.Time{}, 0
+	if got != want || g.ConfigHash == "" || g.ReasonMessage == "" || g.DeadLetterJobID == 0 {
 		t.Fatalf("give-up %+v, want %+v", *g, want)
 	}
 	if m := rb.Metrics(); m.DeadLettered != 1 || m.Decisions.GiveUpMaxAttempts != 1 || m.Decisions.Retry != 3 {
 		t.Fatalf("metrics %+v", m)
 	}
+	dls := deadLettersOf(t, "payments-dead", id)
+	if len(dls) != 1 || dls[0].id != g.DeadLetterJobID {
+		t.Fatalf("dead letters of job %d: %+v (record names %d)", id, dls, g.DeadLetterJobID)
+	}
+	dl := dls[0]
+	if dl.Queue != "payments" || dl.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" || dl.Attempts != 4 || dl.JobKind != "rebound_test_fail" ||
+		dl.Error != "run 4 failed" || dl.Policy != "gotest/payments" || dl.Source != "sidecar" || dl.PolicySource != "sidecar" {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	var args FailArgs
+	if err := json.Unmarshal(dl.Args, &args); err != nil || args != (FailArgs{FailTimes: 4, Class: "http.503"}) {
+		t.Fatalf("dead letter args %s (%v)", dl.Args, err)
+	}
 
-	rows, err := pool.Query(context.Background(), deadLetters, "payments-dead")
+	replayed, err := reboundriver.Replay(context.Background(), c, dl.id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var found []int64
-	for rows.Next() {
-		var n int64
-		if err := rows.Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		found = append(found, n)
-	}
-	if rows.Err() != nil || !contains(found, id) {
-		t.Fatalf("dead letters of payments-dead: %v (err %v), want %d among them", found, rows.Err(), id)
-	}
-
-	if _, err := c.JobRetry(context.Background(), id); err != nil {
-		t.Fatal(err)
+	if replayed.ID != id {
+		t.Fatalf("replayed job %d, the dead letter's is %d", replayed.ID, id)
 	}
 	job = waitFinal(t, c, id, 30*time.Second)
 	if job.State != rivertype.JobStateCompleted || job.Attempt != 5 {
 		t.Fatalf("replayed: state %s attempt %d", job.State, job.Attempt)
 	}
+	if left := deadLettersOf(t, "payments-dead", id); len(left) != 0 {
+		t.Fatalf("dead letters left after the replay: %+v", left)
+	}
 }
 
-// A policy whose terminal action is drop: cancelled after maxAttempts, recorded as drop.
+// A panicking worker: River's ErrorHandler.HandlePanic is called on every run with the
+// panic's value and a trace naming the worker, the run is decided like a failure (class
+// "panic"), and the trace is kept in the job's errors.
+func TestPanicReachesRiversHandlePanic(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "dropme")
+	handler := &panicRecorder{}
+	c := startRiverWith(t, rb, func(cfg *river.Config) { cfg.ErrorHandler = handler }, "dropme")
+	id := insert(t, c, "dropme", PanicArgs{})
+	job := waitFinal(t, c, id, 30*time.Second)
+	g := giveUpOf(t, job)
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 2 || g == nil || g.ErrorClass != "panic" ||
+		g.Error != "panic: worker bug" || g.Disposition != reboundriver.DispositionDrop {
+		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+	panics := handler.all()
+	if len(panics) != 2 {
+		t.Fatalf("HandlePanic called %d times, want 2 (one per run)", len(panics))
+	}
+	for i, p := range panics {
+		if p.jobID != id || p.value != "worker bug" || !strings.Contains(p.trace, "panicWorker.Work") {
+			t.Fatalf("HandlePanic %d: job %d value %v trace:\n%s", i+1, p.jobID, p.value, p.trace)
+		}
+	}
+	for i, e := range job.Errors {
+		if !strings.Contains(e.Trace, "panicWorker.Work") {
+			t.Fatalf("run %d recorded without the panic's trace: %+v", i+1, e)
+		}
+	}
+}
+
+type recordedPanic struct {
+	jobID int64
+	value any
+	trace string
+}
+
+type panicRecorder struct {
+	mu     sync.Mutex
+	panics []recordedPanic
+}
+
+func (p *panicRecorder) HandleError(context.Context, *rivertype.JobRow, error) *river.ErrorHandlerResult {
+	return nil
+}
+
+func (p *panicRecorder) HandlePanic(_ context.Context, job *rivertype.JobRow, value any, trace string) *river.ErrorHandlerResult {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.panics = append(p.panics, recordedPanic{jobID: job.ID, value: value, trace: trace})
+	return nil
+}
+
+func (p *panicRecorder) all() []recordedPanic {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]recordedPanic(nil), p.panics...)
+}
+
+// A policy whose terminal action is drop: discarded after maxAttempts (kept in River's
+// state for exhausted jobs), recorded as drop, no dead letter.
 func TestDropAfterMaxAttempts(t *testing.T) {
 	rb := newRebound(t, sidecar.Target, "dropme")
 	c := startRiver(t, rb, "dropme")
 	id := insert(t, c, "dropme", FailArgs{FailTimes: -1})
 	job := waitFinal(t, c, id, 30*time.Second)
 	g := giveUpOf(t, job)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 2 || g == nil ||
-		g.Disposition != reboundriver.DispositionDrop || g.DeadLetterQueue != "" || g.Reason != "max_attempts" {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 2 || g == nil ||
+		g.Disposition != reboundriver.DispositionDrop || g.DeadLetterQueue != "" || g.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
 	if m := rb.Metrics(); m.Dropped != 1 {
 		t.Fatalf("metrics %+v", m)
+	}
+	if g.DeadLetterJobID != 0 || len(deadLettersOf(t, "", id)) != 0 {
+		t.Fatalf("a drop made a dead letter: %+v", g)
 	}
 }
 
@@ -130,8 +194,8 @@ func TestNonRetryableErrorClass(t *testing.T) {
 	id := insert(t, c, "payments", FailArgs{FailTimes: -1, Class: "card.expired"})
 	job := waitFinal(t, c, id, 30*time.Second)
 	g := giveUpOf(t, job)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 || g == nil ||
-		g.Reason != "non_retryable" || g.ErrorClass != "card.expired" || g.DeadLetterQueue != "payments-dead" {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 1 || g == nil ||
+		g.Reason != "GIVE_UP_REASON_NON_RETRYABLE" || g.ErrorClass != "card.expired" || g.DeadLetterQueue != "payments-dead" {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
 }
@@ -145,25 +209,12 @@ func TestGivesUpAtMaxRetryDuration(t *testing.T) {
 	id := insert(t, c, "deadline", FailArgs{FailTimes: -1})
 	job := waitFinal(t, c, id, 30*time.Second)
 	g := giveUpOf(t, job)
-	if job.State != rivertype.JobStateCancelled || g == nil || g.Reason != "deadline" || job.Attempt < 2 || job.Attempt >= 100 {
+	if job.State != rivertype.JobStateDiscarded || g == nil || g.Reason != "GIVE_UP_REASON_DEADLINE" || job.Attempt < 2 || job.Attempt >= 100 {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
 	// At the give-up, the next run (400ms later) would have started past 1500ms.
 	if elapsed := g.At.Sub(job.Errors[0].At); elapsed+400*time.Millisecond <= 1500*time.Millisecond {
 		t.Fatalf("gave up %s after the first failure", elapsed)
-	}
-}
-
-// A panicking run is decided like a failure (class "panic"): retried, then given up.
-func TestPanicIsDecidedLikeAFailure(t *testing.T) {
-	rb := newRebound(t, sidecar.Target, "dropme")
-	c := startRiver(t, rb, "dropme")
-	id := insert(t, c, "dropme", PanicArgs{})
-	job := waitFinal(t, c, id, 30*time.Second)
-	g := giveUpOf(t, job)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 2 || g == nil || g.ErrorClass != "panic" ||
-		g.Error != "panic: worker bug" || g.Disposition != reboundriver.DispositionDrop {
-		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
 }
 
@@ -198,8 +249,8 @@ func TestSidecarKilledFallback(t *testing.T) {
 	id := insert(t, c, "failover", FailArgs{FailTimes: -1})
 	job := waitFinal(t, c, id, 30*time.Second)
 	g := giveUpOf(t, job)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 4 || g == nil || g.Source != "fallback" ||
-		g.Policy != "gotest/payments" || g.DeadLetterQueue != "payments-dead" || g.Reason != "max_attempts" {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 4 || g == nil || g.Source != "fallback" ||
+		g.Policy != "gotest/payments" || g.DeadLetterQueue != "payments-dead" || g.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
 	if fb := rb.Metrics().Fallback; fb.Unavailable != 4 || fb.DefaultPolicy != 0 {
@@ -227,7 +278,7 @@ func TestRiverMaxAttemptsBelowPolicysIsGivenUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	job := waitFinal(t, c, res.Job.ID, 60*time.Second)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 3 || len(job.Errors) != 3 {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 3 || len(job.Errors) != 3 {
 		t.Fatalf("state %s attempt %d errors %d", job.State, job.Attempt, len(job.Errors))
 	}
 	g := giveUpOf(t, job)
@@ -303,10 +354,10 @@ func TestTimeoutWithCauseIsDecided(t *testing.T) {
 	c := startRiver(t, rb, "stopping")
 	id := insert(t, c, "stopping", CauseArgs{})
 	job := waitFinal(t, c, id, 30*time.Second)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 1 {
 		t.Fatalf("state %s attempt %d errors %+v", job.State, job.Attempt, job.Errors)
 	}
-	if g := giveUpOf(t, job); g == nil || g.Reason != "max_attempts" || g.DeadLetterQueue != "stopping-dead" {
+	if g := giveUpOf(t, job); g == nil || g.Reason != "GIVE_UP_REASON_MAX_ATTEMPTS" || g.DeadLetterQueue != "stopping-dead" {
 		t.Fatalf("give-up %+v", g)
 	}
 }
@@ -319,7 +370,48 @@ func TestFirstFailureIsFirstRunsStart(t *testing.T) {
 	id := insert(t, c, "deadline", FailArgs{FailTimes: -1, SleepMs: 1600})
 	job := waitFinal(t, c, id, 30*time.Second)
 	g := giveUpOf(t, job)
-	if job.State != rivertype.JobStateCancelled || job.Attempt != 1 || g == nil || g.Reason != "deadline" {
+	if job.State != rivertype.JobStateDiscarded || job.Attempt != 1 || g == nil || g.Reason != "GIVE_UP_REASON_DEADLINE" {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
+	}
+}
+
+// Replay of a dead letter whose job River has deleted meanwhile (its retention): a new job
+// of the same kind and args is inserted into the original queue, and runs.
+func TestReplayAfterTheJobWasDeletedInsertsItAgain(t *testing.T) {
+	rb := newRebound(t, sidecar.Target, "payments")
+	c := startRiver(t, rb, "payments")
+	id := insert(t, c, "payments", FailArgs{FailTimes: 4})
+	if job := waitFinal(t, c, id, 30*time.Second); job.State != rivertype.JobStateDiscarded {
+		t.Fatalf("state %s", job.State)
+	}
+	dls := deadLettersOf(t, "payments-dead", id)
+	if len(dls) != 1 {
+		t.Fatalf("dead letters %+v", dls)
+	}
+	ctx := context.Background()
+	if _, err := c.JobDelete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	job, err := reboundriver.Replay(ctx, c, dls[0].id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.ID == id || job.Kind != "rebound_test_fail" || job.Queue != "payments" {
+		t.Fatalf("replayed as job %d kind %s queue %s", job.ID, job.Kind, job.Queue)
+	}
+	var args FailArgs
+	if err := json.Unmarshal(job.EncodedArgs, &args); err != nil || args != (FailArgs{FailTimes: 4}) {
+		t.Fatalf("args %s (%v)", job.EncodedArgs, err)
+	}
+	// A new job: it fails its first 4 runs again, and is a dead letter again.
+	if final := waitFinal(t, c, job.ID, 30*time.Second); final.State != rivertype.JobStateDiscarded || final.Attempt != 4 {
+		t.Fatalf("state %s attempt %d", final.State, final.Attempt)
+	}
+	if _, err := c.JobGet(ctx, dls[0].id); !errors.Is(err, rivertype.ErrNotFound) {
+		t.Fatalf("the replayed dead letter is still there: %v", err)
+	}
+	// Not a dead letter: refused.
+	if _, err := reboundriver.Replay(ctx, c, job.ID); err == nil {
+		t.Fatal("Replay of a job that is not a dead letter was accepted")
 	}
 }

@@ -190,7 +190,7 @@ func TestStackPolicyFromKubectlGovernsAndAChangeTakesOver(t *testing.T) {
 	c := startRiver(t, rb, "stackq")
 	id := insert(t, c, "stackq", FailArgs{FailTimes: -1})
 	job := waitFinal(t, c, id, 60*time.Second)
-	if g := giveUpOf(t, job); job.State != rivertype.JobStateCancelled || job.Attempt != 3 || g == nil ||
+	if g := giveUpOf(t, job); job.State != rivertype.JobStateDiscarded || job.Attempt != 3 || g == nil ||
 		g.Policy != ns+"/stack" || g.Source != "sidecar" || g.DeadLetterQueue != "stack-dead" {
 		t.Fatalf("state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
@@ -199,7 +199,7 @@ func TestStackPolicyFromKubectlGovernsAndAChangeTakesOver(t *testing.T) {
 	eventually(t, 60*time.Second, "the changed policy served", served(5))
 	id = insert(t, c, "stackq", FailArgs{FailTimes: -1})
 	job = waitFinal(t, c, id, 60*time.Second)
-	if g := giveUpOf(t, job); job.State != rivertype.JobStateCancelled || job.Attempt != 5 || g == nil || g.Source != "sidecar" {
+	if g := giveUpOf(t, job); job.State != rivertype.JobStateDiscarded || job.Attempt != 5 || g == nil || g.Source != "sidecar" {
 		t.Fatalf("after the change: state %s attempt %d give-up %+v", job.State, job.Attempt, g)
 	}
 	if fb := rb.Metrics().Fallback; fb.Total != 0 {

@@ -9,7 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // RepoRoot is the repository's root (three levels above this file's package).
@@ -82,4 +85,43 @@ func (p *Postgres) DataDir() (string, error) {
 func (p *Postgres) Stop() error {
 	_, err := postgresScript("down", p.State)
 	return err
+}
+
+// Restart stops the server the way an operator would (SIGINT: PostgreSQL's fast shutdown,
+// every committed transaction kept), waits for it to exit, and starts it again on the same
+// port with the same data. down is how long it stays stopped.
+func (p *Postgres) Restart(down time.Duration) error {
+	data, err := p.DataDir()
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.SplitN(string(raw), "\n", 2)[0])
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		return err
+	}
+	for end := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("postgres (pid %d) did not stop after SIGINT", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(down)
+	again, err := StartPostgres(p.State)
+	if err != nil {
+		return err
+	}
+	if again.URL != p.URL {
+		return fmt.Errorf("restarted at %s, was %s", again.URL, p.URL)
+	}
+	return nil
 }

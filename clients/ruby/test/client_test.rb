@@ -52,7 +52,7 @@ class ClientTest < Minitest::Test
     assert rb.refresh("flaky")
     Process.kill("STOP", sidecar.instance_variable_get(:@pid))
     got = rb.decide("flaky", 2, job_id: "frozen-1")
-    assert_equal "fallback", got["source"]
+    assert_equal %w[fallback cached], got.values_at("source", "policySource")
     assert_equal 1, rb.metrics["fallback"]["deadline_exceeded"]
   ensure
     Process.kill("CONT", sidecar.instance_variable_get(:@pid)) rescue nil
@@ -62,7 +62,7 @@ class ClientTest < Minitest::Test
   def test_unknown_queue_and_bad_input_never_raise
     rb = advisor
     got = rb.decide("no-such-queue", 1, job_id: "x")
-    assert_equal ["default", "DECISION_RETRY"], got.values_at("source", "decision")
+    assert_equal ["fallback", "default", "DECISION_RETRY"], got.values_at("source", "policySource", "decision")
     assert_equal 1, rb.metrics["fallback"]["not_found"]
     weird = [[0, "a" * 600, "\xff\xfe".b, 5, -3], [nil, nil, 42, "soon", Float::NAN], ["7", "", "", 10**30, 10**30]]
     weird.each do |attempt, jid, err, first, ra|
@@ -70,7 +70,7 @@ class ClientTest < Minitest::Test
       assert_includes %w[DECISION_RETRY DECISION_GIVE_UP], a["decision"]
       assert_equal "sidecar", a["source"], a # normalised into what the proto accepts
     end
-    assert_raises(ArgumentError) { Rebound::Advisor.new(target: "not a target") }
+    assert_raises(Rebound::ConfigurationError) { Rebound.new(target: "not a target") }
   end
 
   # Ruby gRPC 1.51 (Debian 12) refuses every call in a process forked after the parent made

@@ -74,4 +74,4 @@ if ENV["REBOUND_TEST_FAULT"] == "ask"
 end
 
 # Reliable fetch (worker-sigkill): a job running in a SIGKILLed process runs again.
-Rebound::Sidekiq.reliable_fetch! if ENV["REBOUND_TEST_RELIABLE_FETCH"] == "1" && Rebound::Sidekiq.respond_to?(:reliable_fetch!)
+Rebound::Sidekiq.reliable_fetch! if ENV["REBOUND_TEST_RELIABLE_FETCH"] == "1"

@@ -402,6 +402,10 @@ class ConformanceTest < Minitest::Test
       assert_operator seen.length, :<=, want["runsAtMost"]
       assert_equal [job.key], seen.map { |r| r["jobId"] }.uniq # sameJobId
       assert_equal b.pid, seen.last["pid"]
+      # The lost run counted as a failed run, decided by the policy (attempt 1: retry).
+      (lost,) = job_events(b, "rebound.retry", job)
+      assert_equal [1, "Rebound::Sidekiq::WorkerLost", "sidecar"], lost.values_at("attempt", "error_class", "source")
+      assert_equal 1, job_events(b, "rebound.job_recovered", job).length
     ensure
       [a, b].compact.each(&:stop)
     end

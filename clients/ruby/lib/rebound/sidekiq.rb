@@ -113,6 +113,13 @@ module Rebound
         []
       end
 
+      # Fetch jobs with Rebound::Sidekiq::ReliableFetch in this server process, so that a
+      # job running in a killed process runs again (call it in the file `sidekiq -r` loads).
+      def reliable_fetch!
+        require "rebound/reliable_fetch"
+        ReliableFetch.install
+      end
+
       # Runs a dead job again: its dead-set entry (found by jid, or the dead-letter
       # message's jid) goes back onto its queue with the same jid, as the Web UI's "Retry
       # Now" does: it gets one more run. Raises ArgumentError when it is not in the dead set.
@@ -344,7 +351,7 @@ module Rebound
           Rebound::Sidekiq.with_redis("dead_letter", msg["jid"]) { Rebound::Sidekiq.push_dead_letter(dlq, message) }
         end
         begin
-          worker.sidekiq_retries_exhausted_block&.call(msg, exc)
+          worker.sidekiq_retries_exhausted_block&.call(msg, exc) if worker.respond_to?(:sidekiq_retries_exhausted_block)
         rescue StandardError => e
           Rebound.log("error", "rebound.retries_exhausted_error", jid: msg["jid"], error: e.inspect[0, 300])
         end

@@ -9,12 +9,13 @@ require_relative "test_helper"
 class CleanupTest < Minitest::Test
   SUITE = File.join(HERE, "support", "leaky_suite.rb")
 
-  # PIDs of processes whose environment names run_dir (REBOUND_TEST_RUN, test_helper.rb).
+  # PIDs of the processes working in run_dir (every child runs there; redis-server in its
+  # data dir there), or carrying REBOUND_TEST_RUN=run_dir.
   def started_by(run_dir)
-    Dir.glob("/proc/[0-9]*/environ").filter_map do |f|
-      File.binread(f).split("\0").include?("REBOUND_TEST_RUN=#{run_dir}") ? f[%r{/proc/(\d+)/}, 1].to_i : nil
-    rescue SystemCallError
-      nil
+    Dir.glob("/proc/[0-9]*").filter_map do |d|
+      cwd = File.readlink("#{d}/cwd") rescue next
+      env = (File.binread("#{d}/environ").split("\0").include?("REBOUND_TEST_RUN=#{run_dir}") rescue false)
+      File.basename(d).to_i if cwd == run_dir || cwd.start_with?("#{run_dir}/") || env
     end
   end
 
@@ -32,6 +33,7 @@ class CleanupTest < Minitest::Test
       Process.kill("KILL", pid)
       Process.wait(pid)
     else
+      File.write("#{ready}.go", "")
       _, st = Process.wait2(pid)
       refute st.success?, "the leaky suite fails"
     end

@@ -109,7 +109,7 @@ module Harness
   end
 
   # What every process a test starts carries, so that a check can find any left behind
-  # (rake test's leftovers task; test/cleanup_test.rb).
+  # (rake test's leftovers task; test/cleanup_test.rb), besides its working directory.
   def test_env
     {"REBOUND_TEST_RUN" => run_dir}
   end
@@ -149,7 +149,8 @@ module Harness
   end
 
   # Every child in its own process group (its own children go with it).
-  def spawn_logged(env, cmd, log, chdir: REPO)
+  # Each runs in run_dir (or a directory under it): that is how the leftovers check finds it.
+  def spawn_logged(env, cmd, log, chdir: run_dir)
     watchdog
     pid = Process.spawn(test_env.merge(env), *cmd, in: File::NULL, out: [log, "a"], err: [log, "a"], chdir: chdir, pgroup: true)
     LOCK.synchronize { CHILDREN[pid] = true }

@@ -6,6 +6,7 @@
 # test_every_scenario_has_a_ruby_test fails when one has none. The dead-letter queue
 # (fixed-3-dead) is not worked here, so its messages stay on it to be counted.
 require_relative "worker_test"
+require "rebound/reliable_fetch"
 
 module Conf
   module_function
@@ -406,6 +407,50 @@ class ConformanceTest < Minitest::Test
       (lost,) = job_events(b, "rebound.retry", job)
       assert_equal [1, "Rebound::Sidekiq::WorkerLost", "sidecar"], lost.values_at("attempt", "error_class", "source")
       assert_equal 1, job_events(b, "rebound.job_recovered", job).length
+    ensure
+      [a, b].compact.each(&:stop)
+    end
+  end
+
+  # A job that kills its process on every run (OOM, say): each lost run counts, so it ends in
+  # the dead set with its dead letter after maxAttempts runs instead of looping forever.
+  def test_reliable_fetch_a_job_killing_every_process_ends_dead_after_max_attempts
+    with_broker("poison") do |url|
+      target = Conf.shared_sidecar.target
+      env = {"REBOUND_TEST_RELIABLE_FETCH" => "1"}
+      job = enqueue(:sidekiq_job, "fixed-3-dlq", {"fail" => 0, "sleep" => 120})
+      workers = []
+      (1..3).each do |run|
+        workers << Conf.worker(target, "conformance/poison-#{run}", %w[fixed-3-dlq], redis_url: url, env: env).start
+        Harness.eventually("run #{run}", 60) { conf_runs(job).length == run }
+        workers.last.kill
+      end
+      workers << Conf.worker(target, "conformance/poison-4", %w[fixed-3-dlq], redis_url: url, env: env).start
+      msg = Harness.eventually("the dead letter", 60) { dlq_messages(job).first }
+      assert_equal [3, "GIVE_UP_REASON_MAX_ATTEMPTS", "Rebound::Sidekiq::WorkerLost"], msg.values_at("attempts", "reason", "error_class")
+      assert Harness.eventually("the dead set entry", 10) { dead_entry(job) }
+      assert_equal 3, conf_runs(job).length
+    ensure
+      workers&.each(&:stop)
+    end
+  end
+
+  # ReliableFetch and a rolling deploy: SIGTERM (-t 3 s) puts the running job back onto its
+  # queue (not a failed run), and the next process runs it.
+  def test_reliable_fetch_sigterm_puts_the_running_job_back
+    with_broker("sigterm") do |url|
+      target = Conf.shared_sidecar.target
+      env = {"REBOUND_TEST_RELIABLE_FETCH" => "1"}
+      a = Conf.worker(target, "conformance/sigterm-a", %w[fixed-3-dlq], redis_url: url, env: env).start
+      job = enqueue(:sidekiq_job, "fixed-3-dlq", {"fail" => 0, "sleep_first" => 120})
+      Harness.eventually("the job running", 30) { conf_runs(job).length == 1 }
+      a.stop
+      assert(Sidekiq::Queue.new("fixed-3-dlq").any? { |j| j.jid == job.jid }, "SIGTERM requeues the running job")
+      assert_equal 0, Sidekiq.redis { |c| c.keys("#{Rebound::Sidekiq::ReliableFetch::PREFIX}*").sum { |k| c.llen(k) } }
+      b = Conf.worker(target, "conformance/sigterm-b", %w[fixed-3-dlq], redis_url: url, env: env).start
+      Harness.eventually("the requeued job completed", 60) { done?(job) }
+      assert_equal 2, conf_runs(job).length
+      assert_equal [], job_events(b, "rebound.retry", job) # not a failure
     ensure
       [a, b].compact.each(&:stop)
     end

@@ -73,6 +73,30 @@ class ClientTest < Minitest::Test
     assert_raises(Rebound::ConfigurationError) { Rebound.new(target: "not a target") }
   end
 
+  # What one process fetched, another (started while the sidecar is down) decides from;
+  # a queue the sidecar has no policy for is forgotten from the store.
+  class HashStore < Hash
+    def read(q) = self[q] && JSON.parse(self[q])
+    def write(q, e) = self[q] = JSON.generate(e)
+    def delete(q) = super(q)
+  end
+
+  def test_a_shared_store_gives_a_later_process_the_real_policy
+    store = HashStore.new
+    rb = advisor(deadline_ms: 2000, store: store)
+    assert rb.prefetch(%w[flaky no-such-queue]) == {"flaky" => :ok, "no-such-queue" => :not_found}
+    assert store.key?("flaky")
+    later = Rebound.new(target: "127.0.0.1:#{Harness.free_port}", deadline_ms: 200, store: store)
+    later.prefetch(%w[flaky])
+    a = later.decide("flaky", 2, job_id: "shared-1", error_class: "http.503")
+    assert_equal %w[fallback cached], a.values_at("source", "policySource")
+    _, resolved, prepared = rb.cached_policy("flaky")
+    assert_equal Rebound::Decide.decide_local(resolved, prepared.identity, 2, {"jobId" => "shared-1", "errorClass" => "http.503"})["delayMs"], a["delayMs"]
+    store["no-such-queue"] = store["flaky"] # a policy deleted since
+    assert_equal :not_found, rb.fetch_policy("no-such-queue")
+    refute store.key?("no-such-queue")
+  end
+
   # Ruby gRPC 1.51 (Debian 12) refuses every call in a process forked after the parent made
   # a channel ("grpc cannot be used before and after forking"): the child answers from the
   # fallback (the policy cached before the fork). A child forked before the parent's first

@@ -66,7 +66,8 @@ module Rebound
     # The target comes from `target:`, else REBOUND_TARGET, else 127.0.0.1:7411. A malformed
     # one raises ConfigurationError (naming REBOUND_TARGET when it came from there), unless
     # strict: false, where every decision is a fallback and check_target! raises later.
-    # store: optional shared copy of fetched policies (#read(queue) / #write(queue, entry)).
+    # store: optional shared copy of fetched policies (#read(queue), #write(queue, entry),
+    # optionally #delete(queue) when the sidecar says the queue has no policy).
     def initialize(target: nil, deadline_ms: 250, default_policy: nil, strict: true, store: nil)
       @target_from = target.nil? ? TARGET_VARIABLE : "target"
       @target = target.nil? ? ENV.fetch(TARGET_VARIABLE, DEFAULT_TARGET) : target
@@ -122,6 +123,7 @@ module Rebound
       :ok
     rescue StandardError => e
       cause = cause_of(e)
+      forget(queue) if cause == "not_found" # the sidecar has no policy for it (any more)
       unless quiet
         Rebound.log(cause == "not_found" ? "info" : "warn", "rebound.get_policy_failed", queue: queue, cause: cause,
           target: @target, error: e.message.to_s[0, 300])
@@ -230,6 +232,13 @@ module Rebound
     def remember(queue, config_hash, resolved, identity)
       prepared = Decide::Prepared.new(resolved, identity)
       @lock.synchronize { @policies[queue] = [config_hash, resolved, prepared] }
+    end
+
+    def forget(queue)
+      @lock.synchronize { @policies.delete(queue) }
+      @store&.delete(queue) if @store.respond_to?(:delete)
+    rescue StandardError
+      nil
     end
 
     # The store's copy of the queue's policy (saved by any process of the worker), if any.

@@ -96,7 +96,12 @@ module Rebound
           Rebound.log("error", "rebound.bad_target", variable: rb.target_variable, target: rb.target.to_s, error: e.message)
           raise
         end
-        rb.prefetch(worker_queues)
+        begin
+          rb.prefetch(worker_queues)
+        rescue StandardError => e # only a bad address stops the worker
+          Rebound.log("error", "rebound.prefetch_failed", target: rb.target.to_s, error: e.inspect[0, 300])
+          {}
+        end
       end
 
       # The queues this process works plus the rebound_queue of every Rebound class.
@@ -264,6 +269,10 @@ module Rebound
 
       def write(queue, entry)
         ::Sidekiq.redis { |c| c.hset(KEY, queue, JSON.generate(entry)) }
+      end
+
+      def delete(queue)
+        ::Sidekiq.redis { |c| c.hdel(KEY, queue) }
       end
     end
 

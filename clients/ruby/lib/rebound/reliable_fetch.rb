@@ -14,7 +14,8 @@ module Rebound
     # (what Sidekiq Pro's super_fetch does): Rebound::Sidekiq.reliable_fetch!.
     #
     # A job is moved atomically (RPOPLPUSH) from its queue to a working list of this
-    # process (rebound:working:IDENTITY|queue:NAME) and removed from it when acknowledged.
+    # process (rebound:working:IDENTITY|queue:NAME, listed in the set rebound:working-lists)
+    # and removed from it when acknowledged.
     # Each process refreshes rebound:alive:IDENTITY every BEAT_S seconds (expiring after
     # ALIVE_TTL_S). Every process looks for working lists of processes that are no longer
     # alive every RECOVER_S seconds: each job there is a run that was lost; a Rebound job's
@@ -24,6 +25,7 @@ module Rebound
     # Queues are polled: a process with nothing to do asks again after IDLE_S.
     class ReliableFetch
       PREFIX = "rebound:working:"
+      LISTS = "rebound:working-lists" # a set: every working list ever used
       ALIVE = "rebound:alive:"
       BEAT_S = 2
       ALIVE_TTL_S = 6
@@ -61,6 +63,7 @@ module Rebound
         @identity = "#{Socket.gethostname}:#{Process.pid}:#{SecureRandom.hex(6)}"
         @lock = Mutex.new
         @thread = nil
+        @registered = {}
       end
 
       def working_key(queue) = "#{PREFIX}#{@identity}|#{queue}"
@@ -69,6 +72,7 @@ module Rebound
         start_keeper
         queues_cmd.each do |q|
           w = working_key(q)
+          register(w)
           job = ::Sidekiq.redis { |c| c.rpoplpush(q, w) }
           return UnitOfWork.new(q, job, w) if job
         end
@@ -101,20 +105,28 @@ module Rebound
       def recover
         found = 0
         ::Sidekiq.redis do |c|
-          c.scan_each(match: "#{PREFIX}*").to_a.each do |key|
+          c.smembers(LISTS).each do |key|
             owner, queue = key.delete_prefix(PREFIX).split("|", 2)
             next if owner.nil? || queue.nil? || owner == @identity || c.exists?("#{ALIVE}#{owner}")
             mine = working_key(queue)
+            register(mine)
             while (job = c.rpoplpush(key, mine)) # now in progress here: never lost, never doubled
               found += 1
               settle(c, job, queue, mine, owner)
             end
+            c.srem(LISTS, key) if c.llen(key).zero?
           end
         end
         found
       end
 
       private
+
+      def register(key)
+        return if @registered[key]
+        ::Sidekiq.redis { |c| c.sadd(LISTS, key) }
+        @registered[key] = true
+      end
 
       def start_keeper
         return if @thread&.alive?

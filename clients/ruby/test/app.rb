@@ -5,6 +5,7 @@
 require "json"
 require "redis"
 require "rebound/sidekiq"
+require_relative "jobs"
 
 # Scheduled and retry sets are polled every 0.1-0.3 s (Sidekiq's default: 5 s per process).
 Sidekiq.options[:poll_interval_average] = 0.2
@@ -62,3 +63,15 @@ end
 class HookFlaky < Flaky
   sidekiq_options queue: "hookq"
 end
+
+# Faults inside the adapter (adapter-error-never-hands-to-library): the question itself raises.
+if ENV["REBOUND_TEST_FAULT"] == "ask"
+  Rebound::Sidekiq.singleton_class.prepend(Module.new do
+    def ask(*)
+      raise NoMethodError, "injected fault in Rebound::Sidekiq.ask"
+    end
+  end)
+end
+
+# Reliable fetch (worker-sigkill): a job running in a SIGKILLed process runs again.
+Rebound::Sidekiq.reliable_fetch! if ENV["REBOUND_TEST_RELIABLE_FETCH"] == "1"

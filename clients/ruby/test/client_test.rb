@@ -52,7 +52,7 @@ class ClientTest < Minitest::Test
     assert rb.refresh("flaky")
     Process.kill("STOP", sidecar.instance_variable_get(:@pid))
     got = rb.decide("flaky", 2, job_id: "frozen-1")
-    assert_equal "fallback", got["source"]
+    assert_equal %w[fallback cached], got.values_at("source", "policySource")
     assert_equal 1, rb.metrics["fallback"]["deadline_exceeded"]
   ensure
     Process.kill("CONT", sidecar.instance_variable_get(:@pid)) rescue nil
@@ -62,7 +62,7 @@ class ClientTest < Minitest::Test
   def test_unknown_queue_and_bad_input_never_raise
     rb = advisor
     got = rb.decide("no-such-queue", 1, job_id: "x")
-    assert_equal ["default", "DECISION_RETRY"], got.values_at("source", "decision")
+    assert_equal ["fallback", "default", "DECISION_RETRY"], got.values_at("source", "policySource", "decision")
     assert_equal 1, rb.metrics["fallback"]["not_found"]
     weird = [[0, "a" * 600, "\xff\xfe".b, 5, -3], [nil, nil, 42, "soon", Float::NAN], ["7", "", "", 10**30, 10**30]]
     weird.each do |attempt, jid, err, first, ra|
@@ -70,7 +70,31 @@ class ClientTest < Minitest::Test
       assert_includes %w[DECISION_RETRY DECISION_GIVE_UP], a["decision"]
       assert_equal "sidecar", a["source"], a # normalised into what the proto accepts
     end
-    assert_raises(ArgumentError) { Rebound::Advisor.new(target: "not a target") }
+    assert_raises(Rebound::ConfigurationError) { Rebound.new(target: "not a target") }
+  end
+
+  # What one process fetched, another (started while the sidecar is down) decides from;
+  # a queue the sidecar has no policy for is forgotten from the store.
+  class HashStore < Hash
+    def read(q) = self[q] && JSON.parse(self[q])
+    def write(q, e) = self[q] = JSON.generate(e)
+    def delete(q) = super(q)
+  end
+
+  def test_a_shared_store_gives_a_later_process_the_real_policy
+    store = HashStore.new
+    rb = advisor(deadline_ms: 2000, store: store)
+    assert rb.prefetch(%w[flaky no-such-queue]) == {"flaky" => :ok, "no-such-queue" => :not_found}
+    assert store.key?("flaky")
+    later = Rebound.new(target: "127.0.0.1:#{Harness.free_port}", deadline_ms: 200, store: store)
+    later.prefetch(%w[flaky])
+    a = later.decide("flaky", 2, job_id: "shared-1", error_class: "http.503")
+    assert_equal %w[fallback cached], a.values_at("source", "policySource")
+    _, resolved, prepared = rb.cached_policy("flaky")
+    assert_equal Rebound::Decide.decide_local(resolved, prepared.identity, 2, {"jobId" => "shared-1", "errorClass" => "http.503"})["delayMs"], a["delayMs"]
+    store["no-such-queue"] = store["flaky"] # a policy deleted since
+    assert_equal :not_found, rb.fetch_policy("no-such-queue")
+    refute store.key?("no-such-queue")
   end
 
   # Ruby gRPC 1.51 (Debian 12) refuses every call in a process forked after the parent made

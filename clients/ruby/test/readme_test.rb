@@ -30,8 +30,7 @@ class ReadmeTest < Minitest::Test
     db = "#{Harness.redis_url.chomp("/")}/5" # a database of its own
     env = {"REDIS_URL" => db, "REBOUND_TARGET" => sidecar.target, "RUBYLIB" => LIB}
     log = File.join(qs, "worker.log")
-    pid = Process.spawn(env, *commands[0].delete_suffix(" &").split, chdir: qs, in: File::NULL, out: [log, "a"], err: [log, "a"], pgroup: true)
-    Harness::CHILDREN[pid] = true
+    pid = Harness.spawn_logged(env, commands[0].delete_suffix(" &").split, log, chdir: qs)
     out, st = Open3.capture2e(env, *commands[1].split, chdir: qs)
     assert st.success?, out
     require "redis"

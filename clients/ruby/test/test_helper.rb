@@ -2,7 +2,9 @@
 
 # Real parts: Redis from dev/redis.sh, a real rebound-sidecar, real `sidekiq` processes.
 # Environment: REBOUND_BIN_DIR  dir with rebound-sidecar and rebound-operator (default:
-# `cargo build` them and use cargo's target dir). Logs under .state/rb-tests/run-PID/.
+# `cargo build` them and use cargo's target dir, CARGO_TARGET_DIR if set). Logs under
+# .state/rb-tests/run-PID/. Every process started here is stopped after the run, on
+# failure too (Harness.stop_all; test/watchdog.rb if this process is killed).
 require "minitest/autorun"
 require "json"
 require "fileutils"
@@ -10,6 +12,7 @@ require "open3"
 require "securerandom"
 require "socket"
 require "timeout"
+require "monitor"
 
 REPO = File.expand_path("../../..", __dir__)
 HERE = __dir__
@@ -54,17 +57,33 @@ module Harness
 
   def bin_dir
     @bin_dir ||= ENV["REBOUND_BIN_DIR"] || begin
+      # cargo honours CARGO_TARGET_DIR (dev/test.sh, the shared /work/target-adapters): so does this.
       run!("cargo", "build", "--quiet", "--locked", "-p", "rebound-sidecar", "-p", "rebound-operator")
-      File.join(JSON.parse(run!("cargo", "metadata", "--format-version", "1", "--no-deps"))["target_directory"], "debug")
+      File.join(ENV["CARGO_TARGET_DIR"].to_s.empty? ? JSON.parse(run!("cargo", "metadata", "--format-version", "1", "--no-deps"))["target_directory"] : File.expand_path(ENV["CARGO_TARGET_DIR"], REPO), "debug")
     end
   end
 
   def redis_url
-    @redis_url ||= begin
-      dir = File.join(run_dir, "redis")
-      Minitest.after_run { system(File.join(REPO, "dev", "redis.sh"), "down", dir, out: File::NULL, err: File::NULL) }
-      last_line(run!(File.join(REPO, "dev", "redis.sh"), "up", dir))
-    end
+    @redis_url ||= start_redis(File.join(run_dir, "redis"))
+  end
+
+  # A Redis of its own (dev/redis.sh) in dir, stopped after the run (and by the watchdog).
+  def start_redis(dir, persist: false)
+    track_redis(dir)
+    last_line(run!(File.join(REPO, "dev", "redis.sh"), "up", dir, *(persist ? ["--persist"] : []), env: test_env))
+  end
+
+  def stop_redis(dir)
+    system(File.join(REPO, "dev", "redis.sh"), "down", dir, out: File::NULL, err: File::NULL)
+    LOCK.synchronize { REDISES.delete(dir) }
+    write_registry
+  end
+
+  # Stops a Redis by its PID, keeping its data (start_redis again restarts it on its port).
+  def stop_redis_keeping_data(dir)
+    pid = File.read(File.join(dir, "redis.pid")).to_i
+    Process.kill("TERM", pid)
+    eventually("redis #{pid} stopped", 20) { !(Process.kill(0, pid) rescue false) }
   end
 
   # The first Sidekiq client/API use in this process points it at the test Redis.
@@ -75,6 +94,7 @@ module Harness
       require "redis"
       Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
       url = redis_url
+      ENV["REDIS_URL"] = url
       Sidekiq.configure_client { |c| c.redis = {url: url} }
       Redis.new(url: url)
     end
@@ -85,22 +105,56 @@ module Harness
   end
 
   def sidecar
-    @sidecar ||= Sidecar.new(policies_file, "sidecar").tap(&:start)
+    @sidecar ||= Sidecar.new(policies_file, "sidecar").start
   end
 
-  # Processes this test process started, killed by PID at exit whatever happens.
+  # What every process a test starts carries, so that a check can find any left behind
+  # (rake test's leftovers task; test/cleanup_test.rb), besides its working directory.
+  def test_env
+    {"REBOUND_TEST_RUN" => run_dir}
+  end
+
+  # Processes (process groups) and Redis servers this test process started. They are
+  # stopped after the run (Minitest.after_run, also on failures and interrupts) and, if
+  # this process dies without running it (SIGKILL), by test/watchdog.rb, which watches
+  # this PID and reads the same list from run_dir/children.
   CHILDREN = {}
-  at_exit do
-    CHILDREN.each_key do |pid|
-      Process.kill("KILL", pid)
-    rescue StandardError
-      nil
+  REDISES = {}
+  LOCK = Monitor.new
+
+  def registry_file = File.join(run_dir, "children")
+
+  def write_registry
+    LOCK.synchronize do
+      lines = CHILDREN.keys.map { |pid| "pgroup #{pid}" } + REDISES.keys.map { |d| "redis #{d}" }
+      File.write("#{registry_file}.tmp", lines.join("\n") + "\n")
+      File.rename("#{registry_file}.tmp", registry_file)
     end
   end
 
-  def spawn_logged(env, cmd, log, pgroup: false)
-    pid = Process.spawn(env, *cmd, in: File::NULL, out: [log, "a"], err: [log, "a"], chdir: REPO, pgroup: pgroup ? true : nil)
-    CHILDREN[pid] = true
+  def watchdog
+    @watchdog ||= begin
+      pid = Process.spawn("ruby", File.join(HERE, "watchdog.rb"), Process.pid.to_s, registry_file, REPO,
+        in: File::NULL, out: [File.join(run_dir, "watchdog.log"), "a"], err: [File.join(run_dir, "watchdog.log"), "a"], pgroup: true)
+      Process.detach(pid)
+      Minitest.after_run { Harness.stop_all }
+      pid
+    end
+  end
+
+  def track_redis(dir)
+    watchdog
+    LOCK.synchronize { REDISES[dir] = true }
+    write_registry
+  end
+
+  # Every child in its own process group (its own children go with it).
+  # Each runs in run_dir (or a directory under it): that is how the leftovers check finds it.
+  def spawn_logged(env, cmd, log, chdir: run_dir)
+    watchdog
+    pid = Process.spawn(test_env.merge(env), *cmd, in: File::NULL, out: [log, "a"], err: [log, "a"], chdir: chdir, pgroup: true)
+    LOCK.synchronize { CHILDREN[pid] = true }
+    write_registry
     pid
   end
 
@@ -109,7 +163,29 @@ module Harness
   rescue Errno::ECHILD
     nil
   ensure
-    CHILDREN.delete(pid)
+    LOCK.synchronize { CHILDREN.delete(pid) }
+    write_registry
+  end
+
+  # Stops everything still running: process groups (TERM, then KILL), then the Redis servers.
+  def stop_all
+    pids = LOCK.synchronize { CHILDREN.keys }
+    pids.each { |pid| Process.kill("TERM", -pid) rescue nil }
+    pids.each do |pid|
+      begin
+        Timeout.timeout(10) { Process.wait(pid) }
+      rescue Timeout::Error, Errno::ECHILD
+        nil
+      end
+      Process.kill("KILL", -pid) rescue nil
+      Process.wait(pid) rescue nil
+      LOCK.synchronize { CHILDREN.delete(pid) }
+    end
+    LOCK.synchronize { REDISES.keys }.each do |dir|
+      system(File.join(REPO, "dev", "redis.sh"), "down", dir, out: File::NULL, err: File::NULL)
+      LOCK.synchronize { REDISES.delete(dir) }
+    end
+    write_registry
   end
 
   # JSON lines in a log (the adapter's events start with {"time").
@@ -128,18 +204,21 @@ module Harness
   end
 end
 
-# rebound-sidecar on a policies file (compiled locally), on a free port of 127.0.0.1.
+# rebound-sidecar on a policies file (compiled locally), on a free (or given) port of 127.0.0.1.
 class Sidecar
-  attr_reader :target, :port
+  attr_reader :target, :port, :log
 
-  def initialize(policies_file, name, probe_queue: "flaky")
+  def initialize(policies_file, name, probe_queue: "flaky", namespace: "rbtest", port: nil)
     @probe_queue = probe_queue
-    @port = Harness.free_port
+    @port = port || Harness.free_port
     @target = "127.0.0.1:#{@port}"
     @log = File.join(Harness.run_dir, "#{name}.log")
-    @cmd = [File.join(Harness.bin_dir, "rebound-sidecar"), "--policies-file", policies_file, "--namespace", "rbtest",
+    FileUtils.mkdir_p(File.dirname(@log))
+    @cmd = [File.join(Harness.bin_dir, "rebound-sidecar"), "--policies-file", policies_file, "--namespace", namespace,
             "--listen", @target, "--no-admin"]
   end
+
+  def pid = @pid
 
   def start
     @pid = Harness.spawn_logged({}, @cmd, @log)
@@ -153,7 +232,7 @@ class Sidecar
 
   def kill
     return unless @pid
-    Process.kill("KILL", @pid) rescue nil
+    Process.kill("KILL", -@pid) rescue nil
     Harness.reap(@pid)
     @pid = nil
   end
@@ -165,18 +244,31 @@ class SidekiqWorker
 
   # Each worker works only its own test's queues (several run at once on one Redis), and
   # the dead-letter queue (any of them records a dead letter in Redis).
-  def initialize(target, name, queues:, concurrency: 2, env: {})
+  def initialize(target, name, queues:, concurrency: 2, env: {}, dead_letters: ["work-dead"], redis_url: nil)
     @log = File.join(Harness.run_dir, "#{name}.log")
-    @env = {"REDIS_URL" => Harness.redis_url, "REBOUND_TARGET" => target, "RUBYLIB" => LIB}.merge(env)
-    @cmd = ["sidekiq", "-r", File.join(HERE, "app.rb"), "-c", concurrency.to_s, "-t", "3", "-v"] + (queues + ["work-dead"]).flat_map { |q| ["-q", q] }
+    FileUtils.mkdir_p(File.dirname(@log))
+    @env = {"REDIS_URL" => redis_url || Harness.redis_url, "REBOUND_TARGET" => target, "RUBYLIB" => LIB}.merge(env)
+    @cmd = ["sidekiq", "-r", File.join(HERE, "app.rb"), "-c", concurrency.to_s, "-t", "3", "-v"] + (queues + dead_letters).flat_map { |q| ["-q", q] }
   end
 
-  def start
-    @pid = Harness.spawn_logged(@env, @cmd, @log, pgroup: true)
-    # Ready once its heartbeat names it in the processes set.
+  # Started and (wait) registered in Sidekiq's process set.
+  def start(wait: true)
+    @pid = Harness.spawn_logged(@env, @cmd, @log)
+    return self unless wait
     Harness.sidekiq_client
     Harness.eventually("sidekiq #{@pid} running", 60) { Sidekiq::ProcessSet.new.any? { |p| p["pid"] == @pid } }
     self
+  end
+
+  # The exit status of a worker expected to stop by itself.
+  def wait_exit(timeout = 60)
+    st = nil
+    Timeout.timeout(timeout) { _, st = Process.wait2(@pid) }
+    Harness::LOCK.synchronize { Harness::CHILDREN.delete(@pid) }
+    Harness.write_registry
+    Process.kill("KILL", -@pid) rescue nil
+    @pid = nil
+    st
   end
 
   def events(event = nil) = Harness.events(@log, event)
@@ -190,6 +282,7 @@ class SidekiqWorker
   def kill
     signal("KILL")
     Harness.reap(@pid)
+    @pid = nil
   end
 
   def stop
@@ -200,6 +293,7 @@ class SidekiqWorker
     rescue Timeout::Error
       kill
     end
+    signal("KILL") if @pid # whatever it started
     @pid = nil
   end
 end

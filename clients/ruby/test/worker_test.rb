@@ -47,7 +47,7 @@ class WorkerTest < Minitest::Test
       assert_operator gap, :<=, want["delayMs"] + 10_000, "attempt #{attempt}"
     end
     retries = @worker.events("rebound.retry").select { |e| e["jid"] == jid }
-    assert_equal [[1, "sidecar"], [2, "sidecar"], [3, "sidecar"]], retries.map { |e| [e["attempt"], e["source"]] }
+    assert_equal [[1, "sidecar", "sidecar"], [2, "sidecar", "sidecar"], [3, "sidecar", "sidecar"]], retries.map { |e| e.values_at("attempt", "source", "policy_source") }
     want = (1..3).map { |a| Rebound::Decide.decide_local(resolved, identity, a, {"jobId" => jid, "errorClass" => "http.503"})["delayMs"] }
     assert_equal want, retries.map { |e| e["delay_ms"] }
     assert_nil dead_set_entry(jid)
@@ -79,18 +79,22 @@ class WorkerTest < Minitest::Test
     assert Harness.eventually("the dead set entry", 10) { dead_set_entry(jid) }
   end
 
-  def test_drop_discards_after_max_attempts_without_dead_letter
+  # Drop leaves the job in Sidekiq's dead set, as when Sidekiq's own retries run out (the
+  # class's block and the death handlers run), with no dead letter.
+  def test_drop_keeps_the_job_in_the_dead_set_without_dead_letter
     jid = push("Flaky", "dropme", 1000)
     e = Harness.eventually("drop", 30) { @worker.events("rebound.dropped").find { |x| x["jid"] == jid } }
-    assert_equal ["GIVE_UP_REASON_MAX_ATTEMPTS", 3], e.values_at("reason", "attempt")
+    assert_equal ["GIVE_UP_REASON_MAX_ATTEMPTS", 3, true], e.values_at("reason", "attempt", "dead_set")
     assert_equal 3, runs(jid).length
-    assert_nil dead_set_entry(jid)
+    entry = Harness.eventually("the dead set entry", 10) { dead_set_entry(jid) }
+    assert_equal [2, "CodedError", "dropme"], [entry["retry_count"], entry["error_class"], entry["queue"]]
     assert_equal [], dead_letters(jid)
     assert_equal 0, Sidekiq::RetrySet.new.count { |j| j.jid == jid }
-    assert_equal [nil, nil], [r.get("exhausted:#{jid}"), r.get("death:#{jid}")]
+    assert_equal ["CodedError", "CodedError"], [r.get("exhausted:#{jid}"), r.get("death:#{jid}")]
     jid2 = push("Flaky", "payments", 1000, "CardDeclined")
     Harness.eventually("drop", 30) { @worker.events("rebound.dropped").find { |x| x["jid"] == jid2 } }
     assert_equal 1, runs(jid2).length
+    assert Harness.eventually("the dead set entry", 10) { dead_set_entry(jid2) }
   end
 
   def test_first_failure_time_kept_across_retries_gives_up_at_the_deadline

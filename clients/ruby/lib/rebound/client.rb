@@ -4,6 +4,10 @@ require "grpc"
 require "rebound/v1/advisor_services_pb"
 
 module Rebound
+  # Raised when the worker is configured or started with a malformed sidecar address
+  # (REBOUND_TARGET): before any job runs, never on the retry path.
+  class ConfigurationError < ArgumentError; end
+
   # The gRPC client of rebound.v1.RetryAdvisor: one channel per process, made on first use.
   #
   # A gRPC channel must not cross fork, so the stub is remembered with the PID that made it
@@ -12,7 +16,9 @@ module Rebound
   class Client
     TARGET_RE = /\A(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}\z/.freeze
     CHANNEL_ARGS = {
+      # Reconnect bounded: back on a restarted sidecar within about a second.
       "grpc.initial_reconnect_backoff_ms" => 100,
+      "grpc.min_reconnect_backoff_ms" => 100,
       "grpc.max_reconnect_backoff_ms" => 1000,
       "grpc.enable_retries" => 0,
       "grpc.keepalive_time_ms" => 30_000,
@@ -20,11 +26,24 @@ module Rebound
 
     attr_reader :target, :deadline_s
 
-    # Accepts "unix:///abs/path.sock", "unix:/abs/path" and "host:port".
-    def self.check_target(target)
-      unless target.is_a?(String) && (target.start_with?("unix:") || TARGET_RE.match?(target))
-        raise ArgumentError, "target: #{target.inspect} is not \"unix:///path/to.sock\" or \"127.0.0.1:PORT\""
+    # Accepts "unix:///abs/path.sock", "unix:/abs/path" and "host:port" (port 1-65535).
+    # nil when the target is well formed, else what is wrong with it.
+    def self.target_error(target)
+      return "not a string" unless target.is_a?(String)
+      if target.start_with?("unix:")
+        path = target.sub(%r{\Aunix://}, "").sub(/\Aunix:/, "")
+        return path.start_with?("/") ? nil : "#{target.inspect} is not \"unix:///absolute/path.sock\""
       end
+      m = TARGET_RE.match(target)
+      return "#{target.inspect} is not \"unix:///path/to.sock\" or \"HOST:PORT\" (no scheme)" unless m
+      port = target[/:(\d+)\z/, 1].to_i
+      return "port #{port} is out of range 1-65535" unless port.between?(1, 65_535)
+      nil
+    end
+
+    def self.check_target(target)
+      err = target_error(target)
+      raise ConfigurationError, "target: #{err}" if err
       target
     end
 

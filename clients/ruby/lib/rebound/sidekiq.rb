@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "base64"
+require "json"
 require "zlib"
 require "sidekiq"
 require "sidekiq/api"
@@ -8,35 +9,54 @@ require "sidekiq/job_retry"
 require "rebound/advisor"
 
 module Rebound
-  # Rebound for Sidekiq worker classes:
+  # Rebound for Sidekiq job classes and ActiveJob jobs run by Sidekiq:
   #
   #   class Deliver
-  #     include Rebound::Sidekiq::Worker
+  #     include Rebound::Sidekiq::Job       # (or ::Worker; includes Sidekiq::Job)
+  #     def perform(url) ... end
+  #   end
+  #
+  #   class DeliverJob < ApplicationJob    # ActiveJob, queue_adapter :sidekiq
+  #     include Rebound::Sidekiq::ActiveJob
   #     def perform(url) ... end
   #   end
   #
   # A failure asks the sidecar (attempt = Sidekiq's 0-based retry count + 1, job id = the
-  # jid fixed at enqueue, first failure = the payload's failed_at) before Sidekiq's retrier
-  # sees it, in ServerMiddleware. See clients/ruby/README.md.
+  # jid fixed at enqueue, or ActiveJob's job_id; first failure = the payload's failed_at)
+  # before Sidekiq's retrier sees it, in ServerMiddleware. At server start the target is
+  # checked and the policies of the process's queues are fetched. See clients/ruby/README.md.
   module Sidekiq
     # The Sidekiq versions whose sidekiq_retry_in may return :kill / :discard.
     HOOK_GIVES_UP = Gem::Version.new(::Sidekiq::VERSION) >= Gem::Version.new("6.5")
     DEAD_LETTER_CLASS = "Rebound::Sidekiq::DeadLetter"
+    AJ_WRAPPER = "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper"
+    # How long the middleware waits for Redis to carry out a decision (a Redis restart).
+    REDIS_WAIT_S = 30
 
     class << self
-      attr_writer :advisor
+      attr_writer :rebound
 
-      # The process's Advisor (REBOUND_TARGET, 250 ms deadline unless configured).
-      def advisor
-        @advisor ||= Advisor.new
+      # The process's Rebound (REBOUND_TARGET, 250 ms deadline unless configured). A
+      # malformed target is refused at server start (start!); made lazily here it only
+      # makes every decision a fallback.
+      def rebound
+        @rebound ||= Advisor.new(strict: false, store: RedisPolicyStore.new)
       end
 
-      # Rebound::Sidekiq.configure(target: "unix:///run/rebound.sock", deadline_ms: 250)
+      # Deprecated name of rebound.
+      def advisor = rebound
+
+      def advisor=(value)
+        self.rebound = value
+      end
+
+      # Rebound::Sidekiq.configure(target: "unix:///run/rebound.sock", deadline_ms: 250);
+      # raises Rebound::ConfigurationError on a malformed target.
       def configure(**opts)
-        @advisor = Advisor.new(**opts)
+        @rebound = Advisor.new(store: RedisPolicyStore.new, **opts)
       end
 
-      # Called with each dead-letter message (a Hash) by the DeadLetter worker; default: a JSON line.
+      # Called with each dead-letter message (a Hash) by the DeadLetter job; default: a JSON line.
       def on_dead_letter(&block)
         @dead_letter_handler = block
       end
@@ -45,13 +65,75 @@ module Rebound
         @dead_letter_handler || ->(msg) { Rebound.log("info", "rebound.dead_letter_received", **msg.transform_keys(&:to_sym)) }
       end
 
-      # Adds ServerMiddleware to the server chain once (first, so it sees every failure).
-      def install_middleware
+      # Job classes using Rebound (their rebound_queue names are prefetched too).
+      def classes
+        @classes ||= []
+      end
+
+      # Adds ServerMiddleware to the front of the server chain and start! to the startup
+      # event, once. Called by including Worker/Job/ActiveJob; call it from an initializer
+      # when the job classes are loaded lazily.
+      def install
+        return if @installed
+        @installed = true
         ::Sidekiq.configure_server do |config|
           config.server_middleware do |chain|
             chain.prepend(ServerMiddleware) unless chain.exists?(ServerMiddleware)
           end
+          config.on(:startup) { Rebound::Sidekiq.start! }
         end
+      end
+      alias_method :install_middleware, :install
+
+      # At server start, before any job runs: refuse a malformed target (raises
+      # Rebound::ConfigurationError naming REBOUND_TARGET: sidekiq exits), then GetPolicy
+      # for every queue this process works (see Advisor#prefetch).
+      def start!
+        rb = rebound
+        begin
+          rb.check_target!
+        rescue ConfigurationError => e
+          Rebound.log("error", "rebound.bad_target", variable: rb.target_variable, target: rb.target.to_s, error: e.message)
+          raise
+        end
+        begin
+          rb.prefetch(worker_queues)
+        rescue StandardError => e # only a bad address stops the worker
+          Rebound.log("error", "rebound.prefetch_failed", target: rb.target.to_s, error: e.inspect[0, 300])
+          {}
+        end
+      end
+
+      # The queues this process works plus the rebound_queue of every Rebound class.
+      def worker_queues
+        qs = if ::Sidekiq.respond_to?(:options) && ::Sidekiq.options.is_a?(Hash) && ::Sidekiq.options[:queues]
+          ::Sidekiq.options[:queues]
+        elsif ::Sidekiq.respond_to?(:default_configuration)
+          ::Sidekiq.default_configuration.capsules.values.flat_map(&:queues)
+        else
+          []
+        end
+        (qs.map(&:to_s) + classes.filter_map { |k| k.respond_to?(:rebound_queue) && k.rebound_queue }).uniq
+      rescue StandardError
+        []
+      end
+
+      # Fetch jobs with Rebound::Sidekiq::ReliableFetch in this server process, so that a
+      # job running in a killed process runs again (call it in the file `sidekiq -r` loads).
+      def reliable_fetch!
+        require "rebound/reliable_fetch"
+        ReliableFetch.install
+      end
+
+      # Runs a dead job again: its dead-set entry (found by jid, or the dead-letter
+      # message's jid) goes back onto its queue with the same jid, as the Web UI's "Retry
+      # Now" does: it gets one more run. Raises ArgumentError when it is not in the dead set.
+      def replay(jid_or_message)
+        jid = jid_or_message.is_a?(Hash) ? jid_or_message["jid"] : jid_or_message.to_s
+        entry = ::Sidekiq::DeadSet.new.find_job(jid)
+        raise ArgumentError, "job #{jid} is not in Sidekiq's dead set" unless entry
+        entry.retry
+        jid
       end
 
       def error_class_of(exc)
@@ -78,31 +160,71 @@ module Rebound
         v >= 1e12 ? v.to_i : (v.to_r * 1000).to_i
       end
 
+      # The ActiveJob class of a JobWrapper payload when it uses Rebound, else nil.
+      def active_job_class(job)
+        return nil unless job["class"].to_s == AJ_WRAPPER && defined?(Rebound::Sidekiq::ActiveJob)
+        klass = Object.const_get(job["wrapped"].to_s)
+        klass.include?(Rebound::Sidekiq::ActiveJob) ? klass : nil
+      rescue StandardError
+        nil
+      end
+
+      # The failure's job as Rebound sees it: the ActiveJob job for a JobWrapper.
+      def job_view(worker, job)
+        aj = active_job_class(job)
+        if aj
+          data = job["args"].is_a?(Array) && job["args"].first.is_a?(Hash) ? job["args"].first : {}
+          {klass: aj, job_class: aj.name, key: job["rebound_key"] || data["job_id"] || job["jid"],
+           args: data["arguments"], mapper: aj}
+        else
+          {klass: worker&.class, job_class: job["class"], key: job["rebound_key"] || job["jid"], args: job["args"], mapper: worker}
+        end
+      end
+
       # The question for one failure of `job` (a Sidekiq job hash) on `queue`.
       def ask(worker, job, queue, exc, attempt)
-        key = job["rebound_key"] || job["jid"]
-        klass = worker&.class
+        view = job_view(worker, job)
+        klass = view[:klass]
         q = (klass.respond_to?(:rebound_queue) && klass.rebound_queue) || queue || job["queue"]
+        mapper = view[:mapper]
         error_class, retry_after = begin
-          [worker.respond_to?(:rebound_error_class) ? worker.rebound_error_class(exc) : error_class_of(exc),
-           worker.respond_to?(:rebound_retry_after_ms) ? worker.rebound_retry_after_ms(exc) : retry_after_ms_of(exc)]
+          [mapper.respond_to?(:rebound_error_class) ? mapper.rebound_error_class(exc) : error_class_of(exc),
+           mapper.respond_to?(:rebound_retry_after_ms) ? mapper.rebound_retry_after_ms(exc) : retry_after_ms_of(exc)]
         rescue StandardError => e # a mapper's bug must not change the job's fate
-          Rebound.log("error", "rebound.hook_error", job_class: job["class"], error: e.inspect[0, 300])
+          Rebound.log("error", "rebound.hook_error", job_class: view[:job_class], error: e.inspect[0, 300])
           [exc.class.name.to_s, nil]
         end
         first = failed_at_ms(job) || now_ms
-        answer = advisor.decide(q, attempt, job_id: key, error_class: error_class, first_failure_unix_ms: first,
+        answer = rebound.decide(q, attempt, job_id: view[:key], error_class: error_class, first_failure_unix_ms: first,
           retry_after_ms: retry_after)
-        fields = {job_class: job["class"], jid: job["jid"], key: key, queue: q, attempt: attempt,
-                  error_class: error_class, decision: answer["decision"], delay_ms: answer["delayMs"],
-                  source: answer["source"]}
-        [answer, fields, first]
+        [answer, fields_of(view, job, q, attempt, error_class, answer), first, view]
       end
 
-      # The dead-letter message pushed to the policy's dead-letter queue.
-      def dead_letter_message(job, exc, answer, fields, first)
-        {"job_class" => job["class"], "jid" => job["jid"], "key" => fields[:key], "args" => job["args"],
-         "queue" => fields[:queue], "attempts" => fields[:attempt], "reason" => answer["reason"],
+      # ask, but never raises: an error inside the adapter ends in a fallback decision.
+      def ask_safely(worker, job, queue, exc, attempt)
+        ask(worker, job, queue, exc, attempt)
+      rescue Exception => e # rubocop:disable Lint/RescueException -- never hand the failure to Sidekiq's retries
+        raise if e.is_a?(::Sidekiq::Shutdown)
+        Rebound.log("error", "rebound.adapter_error", stage: "ask", jid: (job["jid"] rescue nil), error: e.inspect[0, 300])
+        view = (job_view(worker, job) rescue {klass: nil, job_class: job["class"], key: job["jid"], args: job["args"]})
+        q = queue || job["queue"]
+        first = (failed_at_ms(job) rescue nil) || now_ms
+        answer = rebound.decide_locally(q, attempt, job_id: view[:key], error_class: (exc.class.name rescue nil),
+          first_failure_unix_ms: first)
+        [answer, fields_of(view, job, q, attempt, (exc.class.name rescue nil), answer), first, view]
+      end
+
+      def fields_of(view, job, queue, attempt, error_class, answer)
+        {job_class: view[:job_class], jid: job["jid"], key: view[:key], queue: queue, attempt: attempt,
+         error_class: error_class, decision: answer["decision"], delay_ms: answer["delayMs"],
+         source: answer["source"], policy_source: answer["policySource"]}
+      end
+
+      # The dead-letter message pushed to the policy's dead-letter queue. attempts = the
+      # runs the job made (a replayed job's earlier runs included).
+      def dead_letter_message(job, exc, answer, fields, first, runs, args = job["args"])
+        {"job_class" => fields[:job_class], "jid" => job["jid"], "key" => fields[:key], "args" => args,
+         "queue" => fields[:queue], "attempts" => runs, "reason" => answer["reason"],
          "reason_message" => answer["reasonMessage"], "error_class" => fields[:error_class],
          "error" => "#{exc.class.name}: #{exc.message}"[0, 2000], "first_failure_unix_ms" => first,
          "dead_lettered_unix_ms" => now_ms}
@@ -110,6 +232,47 @@ module Rebound
 
       def push_dead_letter(queue, message)
         ::Sidekiq::Client.push("queue" => queue, "class" => DEAD_LETTER_CLASS, "args" => [message], "retry" => true)
+      end
+
+      # Runs the block, again while Redis is unreachable (a restart), for up to REDIS_WAIT_S.
+      def with_redis(what, jid)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + REDIS_WAIT_S
+        logged = false
+        begin
+          yield
+        rescue StandardError => e
+          raise unless redis_connection_error?(e) && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          Rebound.log("warn", "rebound.redis_unavailable", jid: jid, writing: what, error: e.message.to_s[0, 300]) unless logged
+          logged = true
+          sleep 0.5
+          retry
+        end
+      end
+
+      def redis_connection_error?(e)
+        names = e.class.ancestors.map(&:name)
+        names.include?("Redis::BaseConnectionError") || names.include?("RedisClient::ConnectionError") ||
+          e.is_a?(Errno::ECONNREFUSED) || e.is_a?(Errno::ECONNRESET) || e.is_a?(IOError)
+      end
+    end
+
+    # Each process's GetPolicy answers, kept in Redis (hash rebound:policies, one field per
+    # queue) so that a process started while the sidecar is down decides from the real
+    # policy (policySource=cached), not the default.
+    class RedisPolicyStore
+      KEY = "rebound:policies"
+
+      def read(queue)
+        raw = ::Sidekiq.redis { |c| c.hget(KEY, queue) }
+        raw && JSON.parse(raw)
+      end
+
+      def write(queue, entry)
+        ::Sidekiq.redis { |c| c.hset(KEY, queue, JSON.generate(entry)) }
+      end
+
+      def delete(queue)
+        ::Sidekiq.redis { |c| c.hdel(KEY, queue) }
       end
     end
 
@@ -123,17 +286,18 @@ module Rebound
       end
     end
 
-    # Asks first: on a failure of a Rebound worker it asks Decide, then schedules the retry
+    # Asks first: on a failure of a Rebound job it asks Decide, then schedules the retry
     # itself in Sidekiq's retry set at exactly now + delay_ms (the same fields Sidekiq's
-    # retrier writes, without Sidekiq's extra random seconds), or gives up (dead set plus
-    # the dead-letter queue, or discard). Either way it raises JobRetry::Skip, which tells
-    # the processor the failure is handled: the job is acknowledged, the error reported.
-    # Anything Rebound cannot do (Redis down) falls through to Sidekiq's own retrier.
+    # retrier writes, without Sidekiq's extra random seconds), or gives up: the job goes to
+    # Sidekiq's dead set either way (drop or dead letter; dead letter also pushes a message
+    # to the policy's dead-letter queue), after the class's sidekiq_retries_exhausted block
+    # and before the death handlers. Then it raises JobRetry::Skip, which tells the
+    # processor the failure is handled: the job is acknowledged, the error reported.
     class ServerMiddleware
       include ::Sidekiq::ServerMiddleware if defined?(::Sidekiq::ServerMiddleware)
 
       def call(worker, job, queue)
-        pristine = worker.is_a?(Worker) ? ::Sidekiq.dump_json(job) : nil
+        pristine = rebound_job?(worker, job) ? ::Sidekiq.dump_json(job) : nil
         yield
       rescue ::Sidekiq::Shutdown, ::Sidekiq::JobRetry::Handled
         raise
@@ -147,6 +311,12 @@ module Rebound
 
       private
 
+      def rebound_job?(worker, job)
+        worker.is_a?(Worker) || !Rebound::Sidekiq.active_job_class(job).nil?
+      rescue StandardError
+        false
+      end
+
       def shutdown?(e, seen = [])
         c = e.cause
         return false if c.nil? || seen.include?(c.object_id)
@@ -156,42 +326,57 @@ module Rebound
 
       def handle(worker, msg, queue, exc)
         attempt = msg["retry_count"].nil? ? 1 : msg["retry_count"].to_i + 2
-        answer, fields, first = Rebound::Sidekiq.ask(worker, msg, queue, exc, attempt)
+        # Runs made, this one included: Sidekiq's count restarts lower on a replay ("Retry
+        # Now" in the dead set takes one off), this one does not.
+        runs = (msg["rebound_runs"] || (msg["retry_count"].nil? ? 0 : msg["retry_count"].to_i + 1)).to_i + 1
+        answer, fields, first, view = Rebound::Sidekiq.ask_safely(worker, msg, queue, exc, attempt)
         mark_failed(msg, queue, exc)
+        msg["rebound_runs"] = runs
         msg["failed_at"] ||= first / 1000.0
         if answer["decision"] == "DECISION_RETRY"
           at = Time.now.to_f + answer["delayMs"] / 1000.0
-          ::Sidekiq.redis { |c| c.zadd("retry", at.to_s, ::Sidekiq.dump_json(msg)) }
-          Rebound.log("info", "rebound.retry", **fields)
-        elsif answer["disposition"] == "DISPOSITION_DEAD_LETTER"
-          dead_letter(worker, msg, exc, answer, fields, first)
+          payload = ::Sidekiq.dump_json(msg)
+          Rebound::Sidekiq.with_redis("retry", msg["jid"]) { ::Sidekiq.redis { |c| c.zadd("retry", at.to_s, payload) } }
+          Rebound.log("info", "rebound.retry", **fields, runs: runs)
         else
-          Rebound::Sidekiq.advisor.count("dropped")
-          Rebound.log("warn", "rebound.dropped", **fields, reason: answer["reason"])
+          give_up(worker, msg, exc, answer, fields, first, runs, view)
         end
-      rescue StandardError => e # Redis trouble: leave the failure to Sidekiq's retrier
+      rescue ::Sidekiq::Shutdown
+        raise
+      rescue StandardError => e # Redis gone for longer than REDIS_WAIT_S: the job is not acknowledged
         Rebound.log("error", "rebound.middleware_error", jid: msg["jid"], error: e.inspect[0, 300])
         return
       else
         raise ::Sidekiq::JobRetry::Skip
       end
 
-      def dead_letter(worker, msg, exc, answer, fields, first)
-        dlq = answer["deadLetterQueue"]
-        Rebound::Sidekiq.push_dead_letter(dlq, Rebound::Sidekiq.dead_letter_message(msg, exc, answer, fields, first)) unless dlq.to_s.empty?
+      # Drop and dead letter both leave the job in Sidekiq's dead set, as when Sidekiq's
+      # own retries run out; a dead letter also pushes its message to the queue.
+      def give_up(worker, msg, exc, answer, fields, first, runs, view)
+        dead_letter = answer["disposition"] == "DISPOSITION_DEAD_LETTER"
+        dlq = dead_letter ? answer["deadLetterQueue"].to_s : ""
+        unless dlq.empty?
+          message = Rebound::Sidekiq.dead_letter_message(msg, exc, answer, fields, first, runs, view ? view[:args] : msg["args"])
+          Rebound::Sidekiq.with_redis("dead_letter", msg["jid"]) { Rebound::Sidekiq.push_dead_letter(dlq, message) }
+        end
         begin
-          worker.sidekiq_retries_exhausted_block&.call(msg, exc)
+          worker.sidekiq_retries_exhausted_block&.call(msg, exc) if worker.respond_to?(:sidekiq_retries_exhausted_block)
         rescue StandardError => e
           Rebound.log("error", "rebound.retries_exhausted_error", jid: msg["jid"], error: e.inspect[0, 300])
         end
-        ::Sidekiq::DeadSet.new.kill(::Sidekiq.dump_json(msg), notify_failure: false) unless msg["dead"] == false
+        unless msg["dead"] == false
+          payload = ::Sidekiq.dump_json(msg)
+          Rebound::Sidekiq.with_redis("dead_set", msg["jid"]) { ::Sidekiq::DeadSet.new.kill(payload, notify_failure: false) }
+        end
         death_handlers.each do |h|
           h.call(msg, exc)
         rescue StandardError => e
           Rebound.log("error", "rebound.death_handler_error", jid: msg["jid"], error: e.inspect[0, 300])
         end
-        Rebound::Sidekiq.advisor.count("dead_lettered")
-        Rebound.log("warn", "rebound.dead_lettered", **fields, reason: answer["reason"], dead_letter_queue: dlq)
+        Rebound::Sidekiq.rebound.count(dead_letter ? "dead_lettered" : "dropped")
+        Rebound.log("warn", dead_letter ? "rebound.dead_lettered" : "rebound.dropped", **fields, runs: runs,
+          reason: answer["reason"], disposition: answer["disposition"], dead_set: msg["dead"] != false,
+          dead_letter_queue: dlq)
       end
 
       # Sidekiq.death_handlers (6.x) or the default configuration's (7.x).
@@ -221,18 +406,20 @@ module Rebound
       end
     end
 
-    # include Rebound::Sidekiq::Worker: Sidekiq::Worker, sidekiq_options retry: 10000 (the
-    # policy's maxAttempts decides, never Sidekiq's limit), sidekiq_retry_in wired to Decide
-    # and the middleware installed. Override rebound_error_class(exc) /
+    # include Rebound::Sidekiq::Job (or ::Worker): Sidekiq::Job, sidekiq_options retry:
+    # 10000 (the policy's maxAttempts decides, never Sidekiq's limit), sidekiq_retry_in
+    # wired to Decide and the middleware installed. Override rebound_error_class(exc) /
     # rebound_retry_after_ms(exc) per class; `rebound_queue "name"` names the policy's queue.
     module Worker
       def self.included(base)
-        base.include(::Sidekiq::Worker) unless base.include?(::Sidekiq::Worker)
+        sidekiq_job = defined?(::Sidekiq::Job) ? ::Sidekiq::Job : ::Sidekiq::Worker
+        base.include(sidekiq_job) unless base.include?(sidekiq_job)
         base.extend(ClassMethods)
         base.sidekiq_options(retry: Decide::MAX_ATTEMPTS)
         base.sidekiq_retry_in { |count, exc, job = nil| Rebound::Sidekiq::Worker.retry_in(base, count, exc, job) }
         base.prepend(InstanceHook)
-        Rebound::Sidekiq.install_middleware
+        Rebound::Sidekiq.classes << base
+        Rebound::Sidekiq.install
       end
 
       # Sidekiq 6.4 calls the hook with (count, exception) only: the instance's block knows
@@ -266,10 +453,11 @@ module Rebound
       # to which Sidekiq adds rand(10) * (count + 1) seconds. Sidekiq >= 6.5 also takes
       # :kill / :discard. 6.4 cannot give up here: a give-up is logged
       # (rebound.give_up_unsupported) and Sidekiq's default delay applies; on 6.4 the
-      # middleware is what gives up.
+      # middleware is what gives up. Never raises: an error here is a fallback decision.
       def self.retry_in(klass, count, exc, job)
         job ||= {}
-        answer, fields, first = Rebound::Sidekiq.ask(nil, job, job["queue"] || (klass.respond_to?(:rebound_queue) && klass.rebound_queue) || klass.get_sidekiq_options["queue"], exc, count.to_i + 1)
+        queue = job["queue"] || (klass.respond_to?(:rebound_queue) && klass.rebound_queue) || klass.get_sidekiq_options["queue"]
+        answer, fields, first = Rebound::Sidekiq.ask_safely(nil, job, queue, exc, count.to_i + 1)
         if answer["decision"] == "DECISION_RETRY"
           Rebound.log("info", "rebound.retry", **fields, via: "sidekiq_retry_in")
           return [(answer["delayMs"] + 999) / 1000, 1].max
@@ -277,16 +465,45 @@ module Rebound
         if HOOK_GIVES_UP
           dead = answer["disposition"] == "DISPOSITION_DEAD_LETTER"
           if dead && !answer["deadLetterQueue"].to_s.empty?
-            Rebound::Sidekiq.push_dead_letter(answer["deadLetterQueue"], Rebound::Sidekiq.dead_letter_message(job, exc, answer, fields, first))
+            Rebound::Sidekiq.push_dead_letter(answer["deadLetterQueue"],
+              Rebound::Sidekiq.dead_letter_message(job, exc, answer, fields, first, count.to_i + 1))
           end
           Rebound.log("warn", dead ? "rebound.dead_lettered" : "rebound.dropped", **fields, reason: answer["reason"], via: "sidekiq_retry_in")
-          return dead ? :kill : :discard
+          return :kill # drop too: the dead set, never discarded
         end
         Rebound.log("error", "rebound.give_up_unsupported", **fields, reason: answer["reason"], via: "sidekiq_retry_in")
         nil
       rescue StandardError => e
         Rebound.log("error", "rebound.hook_error", error: e.inspect[0, 300])
-        nil
+        (Advisor::LAST_RESORT_DELAY_MS / 1000.0).ceil
+      end
+    end
+
+    # Sidekiq >= 6.3 names it Sidekiq::Job; so does Rebound.
+    Job = Worker
+
+    # include Rebound::Sidekiq::ActiveJob in an ActiveJob class (queue_adapter :sidekiq):
+    # its failures are decided by the policy of the queue it runs on (or `rebound_queue
+    # "name"`), exactly as for a Sidekiq job; key = ActiveJob's job_id. Class methods
+    # rebound_error_class(exc) / rebound_retry_after_ms(exc) map errors. ActiveJob's
+    # retry_on would retry behind the policy's back: it raises here.
+    module ActiveJob
+      def self.included(base)
+        base.extend(ClassMethods)
+        Rebound::Sidekiq.classes << base
+        Rebound::Sidekiq.install
+      end
+
+      module ClassMethods
+        def rebound_queue(name = nil)
+          @rebound_queue = name unless name.nil?
+          @rebound_queue
+        end
+
+        def retry_on(*exceptions, **_opts)
+          raise ArgumentError, "#{name}: retry_on #{exceptions.map(&:to_s).join(", ")} conflicts with " \
+            "Rebound::Sidekiq::ActiveJob (the RetryPolicy decides every retry); remove it"
+        end
       end
     end
   end

@@ -44,9 +44,12 @@ fn run_steps(node: &Node) -> Result<()> {
     let collector = Collector::start()?;
     install_page_runs_on_the_node(node).context("step: docs/install.md")?;
     install_charts(node).context("step: helm install of both charts")?;
-    images_run_under_their_security_context(node).context("step: the images' securityContext")?;
+    images_run_under_their_security_context(node, OPERATOR_NS, "rebound-operator")
+        .context("step: the operator's securityContext")?;
     let file = start_worker(node, &collector, "examples/worker/worker.yaml", "worker")
         .context("step: examples/worker/worker.yaml")?;
+    images_run_under_their_security_context(node, &file.namespace, "worker")
+        .context("step: the sidecar's securityContext")?;
     let watch = start_worker(
         node,
         &collector,
@@ -237,63 +240,84 @@ fn lease_holder(node: &Node) -> Result<String> {
 // ---------------------------------------------------------------------------------------
 // 8. The images under the Pod's securityContext
 
-/// The processes of the operator's containers run as 65532 with no capability, on a
-/// read-only root: read from /proc of the node, where they really run.
-fn images_run_under_their_security_context(node: &Node) -> Result<()> {
+/// The processes of Rebound's containers (the operator's, and the sidecars of the Pods
+/// labelled `app.kubernetes.io/name=<app>` in `namespace`) run as 65532 with no
+/// capability and no new privileges, on a read-only root: read from /proc of the node,
+/// where they really run.
+fn images_run_under_their_security_context(node: &Node, namespace: &str, app: &str) -> Result<()> {
     let pods = node.get_json([
         "pods",
         "-n",
-        OPERATOR_NS,
+        namespace,
         "-l",
-        "app.kubernetes.io/name=rebound-operator",
+        &format!("app.kubernetes.io/name={app}"),
     ])?;
+    let mut checked = 0;
     for pod in pods["items"].as_array().into_iter().flatten() {
-        let id = pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .and_then(|id| id.strip_prefix("containerd://"))
-            .context("no containerd container ID")?;
-        let pid = container_pid(node, id)?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.split_whitespace().collect::<Vec<_>>())
-                .unwrap_or_default()
-        };
-        ensure!(
-            field("Uid:").iter().all(|u| *u == "65532"),
-            "Uid: {:?}",
-            field("Uid:")
-        );
-        ensure!(
-            field("Gid:").iter().all(|g| *g == "65532"),
-            "Gid: {:?}",
-            field("Gid:")
-        );
-        for caps in ["CapEff:", "CapPrm:", "CapBnd:"] {
-            ensure!(
-                field(caps) == ["0000000000000000"],
-                "{caps} {:?}",
-                field(caps)
-            );
+        let statuses = ["initContainerStatuses", "containerStatuses"]
+            .iter()
+            .flat_map(|f| pod["status"][f].as_array().cloned().unwrap_or_default());
+        for container in statuses {
+            if !container["image"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("ghcr.io/rebound-dev/"))
+            {
+                continue;
+            }
+            let id = container["containerID"]
+                .as_str()
+                .and_then(|id| id.strip_prefix("containerd://"))
+                .context("no containerd container ID")?;
+            check_process_security(container_pid(node, id)?)
+                .with_context(|| format!("{} in {}", container["name"], pod["metadata"]["name"]))?;
+            checked += 1;
         }
-        ensure!(
-            field("NoNewPrivs:") == ["1"],
-            "NoNewPrivs: {:?}",
-            field("NoNewPrivs:")
-        );
-        let root = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?
+    }
+    ensure!(checked > 0, "no Rebound container in {namespace} ({app})");
+    Ok(())
+}
+
+fn check_process_security(pid: u32) -> Result<()> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
             .lines()
-            .find(|l| l.split(' ').nth(4) == Some("/"))
-            .map(String::from)
-            .context("no root mount")?;
-        let options = root.split(' ').nth(5).unwrap_or_default();
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    ensure!(
+        field("Uid:").iter().all(|u| *u == "65532"),
+        "Uid: {:?}",
+        field("Uid:")
+    );
+    ensure!(
+        field("Gid:").iter().all(|g| *g == "65532"),
+        "Gid: {:?}",
+        field("Gid:")
+    );
+    for caps in ["CapEff:", "CapPrm:", "CapBnd:"] {
         ensure!(
-            options.split(',').any(|o| o == "ro"),
-            "root mounted {options}"
+            field(caps) == ["0000000000000000"],
+            "{caps} {:?}",
+            field(caps)
         );
     }
+    ensure!(
+        field("NoNewPrivs:") == ["1"],
+        "NoNewPrivs: {:?}",
+        field("NoNewPrivs:")
+    );
+    let root = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/"))
+        .map(String::from)
+        .context("no root mount")?;
+    let options = root.split(' ').nth(5).unwrap_or_default();
+    ensure!(
+        options.split(',').any(|o| o == "ro"),
+        "root mounted {options}"
+    );
     Ok(())
 }
 

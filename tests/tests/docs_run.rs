@@ -738,3 +738,32 @@ fn run_one(
     drop(running);
     result.with_context(|| log).map(Ok)
 }
+
+#[test]
+fn blocks_markers_and_checkout_notes_are_read_from_the_page() {
+    let page = "# T\n\nFrom a checkout:\n\n```sh\nls \\\n  -l\n# a comment\n\npwd\n```\n\n\
+                Elsewhere:\n\n<!-- not run: needs a real registry -->\n```bash\nnpm ci\n```\n\n\
+                - in a list:\n\n  ```sh\n  echo hi\n  ```\n\n<!-- not run -->\n```sh\nx\n```\n\n\
+                ```json\n{}\n```\n";
+    let blocks = shell_blocks(page);
+    let got: Vec<(usize, Vec<&str>, Option<&str>, bool)> = blocks
+        .iter()
+        .map(|b| {
+            (
+                b.line,
+                b.commands.iter().map(String::as_str).collect(),
+                b.not_run.as_deref(),
+                b.from_checkout,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (5, vec!["ls   -l", "pwd"], None, true),
+            (16, vec!["npm ci"], Some("needs a real registry"), false),
+            (22, vec!["echo hi"], None, false),
+            (27, vec!["x"], Some(""), false),
+        ]
+    );
+}

@@ -574,6 +574,8 @@ fn build_binaries() -> Result<PathBuf> {
 struct Report {
     ran: Vec<String>,
     skipped: Vec<(String, String)>,
+    /// Blocks skipped: a page run elsewhere counts all of its blocks.
+    skipped_blocks: usize,
     failed: Vec<(String, String)>,
 }
 
@@ -589,6 +591,7 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
     let mut report = Report {
         ran: Vec::new(),
         skipped: Vec::new(),
+        skipped_blocks: 0,
         failed: Vec::new(),
     };
     let mut specials_used = BTreeSet::new();
@@ -599,6 +602,7 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
             report
                 .skipped
                 .push((format!("{page}: all {n} blocks"), (*why).to_owned()));
+            report.skipped_blocks += n;
             continue;
         }
         let text = std::fs::read_to_string(repo_root().join(&page))?;
@@ -626,6 +630,7 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
             };
             if let Some(reason) = reason {
                 report.skipped.push((name, reason));
+                report.skipped_blocks += 1;
                 continue;
             }
             let special = SPECIAL
@@ -641,7 +646,10 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
             eprintln!("docs-run: {name}");
             match run_one(&block, setup, check, cluster, &bin, &env, &scratch) {
                 Ok(Ok(())) => report.ran.push(name),
-                Ok(Err(why)) => report.skipped.push((name, format!("at run time: {why}"))),
+                Ok(Err(why)) => {
+                    report.skipped.push((name, format!("at run time: {why}")));
+                    report.skipped_blocks += 1;
+                }
                 Err(e) => report.failed.push((name, format!("{e:#}"))),
             }
         }
@@ -666,7 +674,7 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
     for name in &report.ran {
         eprintln!("  ran     {name}");
     }
-    eprintln!("docs-run: {} skipped:", report.skipped.len());
+    eprintln!("docs-run: {} blocks skipped:", report.skipped_blocks);
     for (name, why) in &report.skipped {
         eprintln!("  skipped {name}: {why}");
     }
@@ -706,7 +714,7 @@ fn run_one(
         std::fs::create_dir_all(&dir)?;
         dir
     };
-    let runs = run_block(&block.commands, &dir, env, Duration::from_secs(600));
+    let runs = run_block(&block.commands, &dir, env, Duration::from_secs(300));
     let result = (|| {
         let runs = runs?;
         for run in &runs {
@@ -766,4 +774,31 @@ fn blocks_markers_and_checkout_notes_are_read_from_the_page() {
             (27, vec!["x"], Some(""), false),
         ]
     );
+}
+
+/// The README's cluster install is marked as run by docs/install.md's test: it must stay
+/// commands of that page.
+#[test]
+fn the_readme_install_is_commands_of_the_install_page() -> Result<()> {
+    let read = |p: &str| std::fs::read_to_string(repo_root().join(p));
+    let install: BTreeSet<String> = shell_blocks(&read("docs/install.md")?)
+        .into_iter()
+        .flat_map(|b| b.commands)
+        .collect();
+    let readme = shell_blocks(&read("README.md")?);
+    let block = readme
+        .iter()
+        .find(|b| b.first().starts_with("helm upgrade --install rebound-crds"))
+        .context("README.md has no helm install block")?;
+    ensure!(
+        block.not_run.is_some(),
+        "the README's helm block is not marked"
+    );
+    for cmd in &block.commands {
+        ensure!(
+            install.contains(cmd),
+            "README.md runs `{cmd}`, which docs/install.md does not"
+        );
+    }
+    Ok(())
 }

@@ -30,78 +30,6 @@ const RUN_ELSEWHERE: &[(&str, &str)] = &[(
      kubelet), tests/tests/node.rs on a real node",
 )];
 
-/// Markers for pages that are being edited elsewhere right now: each belongs in the page,
-/// right before the block whose first command starts as given. An entry is ignored once the page
-/// has a marker of its own.
-const PENDING_MARKERS: &[(&str, &str, &str)] = &[
-    (
-        "clients/go/README.md",
-        "mkdir rebound-quickstart && cd rebound-quickstart",
-        "run with the next block and the Go code by clients/go/river/readme_test.go",
-    ),
-    (
-        "clients/go/README.md",
-        "go mod tidy",
-        "run by clients/go/river/readme_test.go, on a PostgreSQL and a sidecar of its own",
-    ),
-    (
-        "clients/go/README.md",
-        "cargo build -p rebound-sidecar -p rebound-operator",
-        "the Go adapter's test suite, minutes; dev/test.sh runs it",
-    ),
-    (
-        "clients/node/README.md",
-        "npm pack /path/to/rebound/clients/node",
-        "run by clients/node/test/unit/readme.test.js with /path/to/rebound the checkout",
-    ),
-    (
-        "clients/node/README.md",
-        "cargo build --release -p rebound-sidecar",
-        "a release build and a benchmark, minutes",
-    ),
-    (
-        "clients/node/README.md",
-        "npm install",
-        "the Node adapter's test suites, minutes; dev/test.sh runs them",
-    ),
-    (
-        "clients/python/README.md",
-        "python3 -m venv ~/rebound-venv && . ~/rebound-venv/bin/activate",
-        "/path/to/rebound stands for your checkout; clients/python/dev-env.sh installs the \
-         package for clients/python/tests/test_readme.py",
-    ),
-    (
-        "clients/python/README.md",
-        "celery -A tasks worker -P prefork -Q webhooks,webhooks-dead -l INFO &",
-        "run by clients/python/tests/test_readme.py, on a Redis and a sidecar of its own",
-    ),
-    (
-        "clients/python/README.md",
-        "python -m rebound_celery replay tasks webhooks-dead --key KEY",
-        "KEY stands for a dead letter's key",
-    ),
-    (
-        "clients/python/README.md",
-        "cargo build -p rebound-sidecar -p rebound-operator",
-        "the Celery adapter's test suite, minutes; dev/test.sh runs it",
-    ),
-    (
-        "clients/ruby/README.md",
-        "apt-get install -y ruby ruby-sidekiq ruby-grpc",
-        "installs system packages as root",
-    ),
-    (
-        "clients/ruby/README.md",
-        "sidekiq -r ./worker.rb -q webhooks -q webhooks-dead &",
-        "run by clients/ruby/test/readme_test.rb, on a Redis and a sidecar of its own",
-    ),
-    (
-        "clients/ruby/README.md",
-        "cd clients/ruby && rake test",
-        "the Sidekiq adapter's test suite, minutes; dev/test.sh runs it",
-    ),
-];
-
 /// What a block needs running while it runs.
 #[derive(Clone, Copy, Debug)]
 enum Setup {
@@ -595,7 +523,6 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
         failed: Vec::new(),
     };
     let mut specials_used = BTreeSet::new();
-    let mut pending_used = BTreeSet::new();
     for page in pages()? {
         if let Some((_, why)) = RUN_ELSEWHERE.iter().find(|(p, _)| *p == page) {
             let n = shell_blocks(&std::fs::read_to_string(repo_root().join(&page))?).len();
@@ -608,25 +535,15 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
         let text = std::fs::read_to_string(repo_root().join(&page))?;
         for block in shell_blocks(&text) {
             let name = format!("{page}:{} `{}`", block.line, block.first());
-            let pending = PENDING_MARKERS
-                .iter()
-                .position(|(p, first, _)| *p == page && block.first().starts_with(first));
-            if let Some(i) = pending {
-                pending_used.insert(i);
-            }
-            let reason = match (&block.not_run, pending) {
-                (Some(r), _) if r.is_empty() => {
+            let reason = match &block.not_run {
+                Some(r) if r.is_empty() => {
                     report
                         .failed
                         .push((name, "a `not run` marker without a reason".to_owned()));
                     continue;
                 }
-                (Some(r), _) => Some(r.clone()),
-                (None, Some(i)) => Some(format!(
-                    "{} (marker pending in the page)",
-                    PENDING_MARKERS[i].2
-                )),
-                (None, None) => None,
+                Some(r) => Some(r.clone()),
+                None => None,
             };
             if let Some(reason) = reason {
                 report.skipped.push((name, reason));
@@ -662,11 +579,6 @@ fn every_shell_block_of_the_docs_runs_as_pasted() -> Result<()> {
                 format!("{page} `{first}`"),
                 "this test sets it up or checks it, but the page has no such block".to_owned(),
             ));
-        }
-    }
-    for (i, (page, first, _)) in PENDING_MARKERS.iter().enumerate() {
-        if !pending_used.contains(&i) {
-            eprintln!("docs-run: note: pending marker for {page} `{first}` matches no block");
         }
     }
 

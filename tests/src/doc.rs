@@ -10,33 +10,6 @@ use anyhow::{Context, Result, bail};
 
 use crate::cluster::repo_root;
 
-/// The shell commands of a page's `sh` blocks, one list per block (continuation lines
-/// joined, comments and blank lines dropped).
-pub fn sh_blocks(text: &str) -> Vec<Vec<String>> {
-    let mut blocks = Vec::new();
-    let mut current: Option<Vec<String>> = None;
-    let mut pending = String::new();
-    for line in text.lines() {
-        match (&mut current, line.trim_end()) {
-            (None, "```sh") => current = Some(Vec::new()),
-            (Some(_), "```") => blocks.extend(current.take()),
-            (Some(cmds), l) => {
-                if let Some(head) = l.strip_suffix('\\') {
-                    pending.push_str(head);
-                    continue;
-                }
-                pending.push_str(l);
-                let cmd = std::mem::take(&mut pending);
-                if !cmd.trim().is_empty() && !cmd.trim_start().starts_with('#') {
-                    cmds.push(cmd.trim().to_owned());
-                }
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
-}
-
 /// Runs `cmd` with bash from the repository root with `env` added; its stdout, or an
 /// error with its output when it fails.
 pub fn run_shell(cmd: &str, env: &[(&str, OsString)]) -> Result<String> {
@@ -64,11 +37,14 @@ pub fn run_shell(cmd: &str, env: &[(&str, OsString)]) -> Result<String> {
 pub struct ShellBlock {
     /// 1-based line of the opening fence.
     pub line: usize,
-    /// The commands, as [`sh_blocks`] gives them.
+    /// The commands: continuation lines joined, comments and blank lines dropped.
     pub commands: Vec<String>,
     /// `Some(reason)` when the block is marked `<!-- not run: reason -->` (the last
     /// non-blank line before the fence); the reason may be empty, which is a mistake.
     pub not_run: Option<String>,
+    /// `Some(reason)` when the block is marked `<!-- needs a node: reason -->`: it needs
+    /// Pods to run (`docs/install.md`), so only a test on a real node runs it.
+    pub needs_node: Option<String>,
     /// The paragraph right before the block says "from a checkout": run it from the
     /// repository root rather than from an empty directory.
     pub from_checkout: bool,
@@ -102,7 +78,8 @@ pub fn shell_blocks(text: &str) -> Vec<ShellBlock> {
             blocks.push(ShellBlock {
                 line: start + 1,
                 commands: commands_of(&lines[start + 1..end.min(lines.len())]),
-                not_run: marker_before(&lines[..start]),
+                not_run: marker_before(&lines[..start], "not run"),
+                needs_node: marker_before(&lines[..start], "needs a node"),
                 from_checkout: paragraph_before(&lines[..start])
                     .to_ascii_lowercase()
                     .contains("from a checkout"),
@@ -133,14 +110,14 @@ fn commands_of(lines: &[&str]) -> Vec<String> {
     cmds
 }
 
-fn marker_before(lines: &[&str]) -> Option<String> {
+fn marker_before(lines: &[&str], kind: &str) -> Option<String> {
     let last = lines
         .iter()
         .rev()
         .map(|l| l.trim())
         .find(|l| !l.is_empty())?;
     let inner = last.strip_prefix("<!--")?.strip_suffix("-->")?.trim();
-    let reason = inner.strip_prefix("not run")?;
+    let reason = inner.strip_prefix(kind)?;
     Some(reason.trim_start_matches(':').trim().to_owned())
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use rebound_tests::doc::{run_shell, sh_blocks};
+use rebound_tests::doc::{run_shell, shell_blocks};
 use rebound_tests::helm::{Helm, chart_dir};
 use rebound_tests::node::{HostSnapshot, NODE_IP, Node, WORKER_IMAGE, json_lines, wait_for};
 use rebound_tests::{repo_root, yaml_documents};
@@ -92,7 +92,7 @@ fn install_page_runs_on_the_node(node: &Node) -> Result<()> {
     ];
     let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
     let mut outputs = Vec::new();
-    for command in sh_blocks(&page).iter().flatten() {
+    for command in shell_blocks(&page).iter().flat_map(|b| &b.commands) {
         outputs.push((command.clone(), run_shell(command, &env)?));
     }
     // The page's worker prints answers of its sidecar, over the shared socket (the log

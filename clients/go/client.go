@@ -471,6 +471,19 @@ func (c *Rebound) noteQueue(queue string) {
 	}
 }
 
+// refreshAll refetches the policy of every queue asked about so far, in the background.
+func (c *Rebound) refreshAll() {
+	c.mu.Lock()
+	qs := make([]string, 0, len(c.queues))
+	for q := range c.queues {
+		qs = append(qs, q)
+	}
+	c.mu.Unlock()
+	for _, q := range qs {
+		c.refreshAsync(q)
+	}
+}
+
 func (c *Rebound) refreshAsync(queue string) {
 	c.mu.Lock()
 	if c.closed {
@@ -529,15 +542,7 @@ func (c *Rebound) refreshLoop(every time.Duration) {
 		case <-c.stop:
 			return
 		case <-t.C:
-			c.mu.Lock()
-			qs := make([]string, 0, len(c.queues))
-			for q := range c.queues {
-				qs = append(qs, q)
-			}
-			c.mu.Unlock()
-			for _, q := range qs {
-				c.refreshAsync(q)
-			}
+			c.refreshAll()
 		}
 	}
 }
@@ -646,15 +651,7 @@ func (c *Rebound) watchConnection(ctx context.Context) {
 		prev := state
 		state = c.conn.GetState()
 		if state == connectivity.Ready && prev != connectivity.Ready {
-			c.mu.Lock()
-			qs := make([]string, 0, len(c.queues))
-			for q := range c.queues {
-				qs = append(qs, q)
-			}
-			c.mu.Unlock()
-			for _, q := range qs {
-				c.refreshAsync(q)
-			}
+			c.refreshAll()
 		}
 	}
 }

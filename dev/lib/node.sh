@@ -332,8 +332,9 @@ node_down() {
   if [[ -d /run/containerd/s ]]; then
     local listening
     listening="$(ss -Hxl 2>/dev/null | awk '{ print $5 }')"
-    for mnt in /run/containerd/s/*; do
-      [[ -S "$mnt" ]] && ! grep -qxF "$mnt" <<<"$listening" && rm -f "$mnt"
+    local socket
+    for socket in /run/containerd/s/*; do
+      [[ -S "$socket" ]] && ! grep -qxF "$socket" <<<"$listening" && rm -f "$socket"
     done
   fi
   # Mounts under the state dir, deepest first: Pod volumes, rootfs overlays, netns.

@@ -10,6 +10,28 @@ use anyhow::{Context, Result, bail};
 
 use crate::cluster::repo_root;
 
+/// What a page's commands run with: `KUBECONFIG`, the directories of `tools` (helm,
+/// kubectl, ...) first on `PATH`, and Helm's homes under `helm_home`.
+pub fn shell_env(
+    kubeconfig: &Path,
+    tools: &[&Path],
+    helm_home: &Path,
+) -> Vec<(&'static str, OsString)> {
+    let mut path = OsString::new();
+    for tool in tools {
+        path.push(tool.parent().unwrap_or(Path::new("")));
+        path.push(":");
+    }
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    vec![
+        ("KUBECONFIG", kubeconfig.into()),
+        ("PATH", path),
+        ("HELM_CACHE_HOME", helm_home.join("cache").into()),
+        ("HELM_CONFIG_HOME", helm_home.join("config").into()),
+        ("HELM_DATA_HOME", helm_home.join("data").into()),
+    ]
+}
+
 /// Runs `cmd` with bash from the repository root with `env` added; its stdout, or an
 /// error with its output when it fails.
 pub fn run_shell(cmd: &str, env: &[(&str, OsString)]) -> Result<String> {

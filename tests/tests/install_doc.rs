@@ -7,13 +7,13 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use rebound_tests::doc::{run_shell, shell_blocks};
+use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::Helm;
 use rebound_tests::kubelet::{Running, move_flags, resolve, start_as};
 use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name};
@@ -118,23 +118,11 @@ async fn the_install_page_works_as_written() -> Result<()> {
     let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique_name("install-doc"));
     std::fs::create_dir_all(&scratch)?;
     let helm_home = scratch.join("helm-home");
-    let kubectl_dir = cluster
-        .kubectl_path()
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let mut path = std::ffi::OsString::from(helm.path().parent().unwrap_or(Path::new("")));
-    path.push(":");
-    path.push(&kubectl_dir);
-    path.push(":");
-    path.push(std::env::var_os("PATH").unwrap_or_default());
-    let env: Vec<(&str, std::ffi::OsString)> = vec![
-        ("KUBECONFIG", cluster.kubeconfig().into()),
-        ("PATH", path),
-        ("HELM_CACHE_HOME", helm_home.join("cache").into()),
-        ("HELM_CONFIG_HOME", helm_home.join("config").into()),
-        ("HELM_DATA_HOME", helm_home.join("data").into()),
-    ];
+    let env = shell_env(
+        cluster.kubeconfig(),
+        &[helm.path(), cluster.kubectl_path()],
+        &helm_home,
+    );
 
     let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
     // Without a kubelet no Pod runs: blocks that need one run on the node (tests/tests/node.rs).

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use rebound_tests::doc::{run_shell, shell_blocks};
+use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::{Helm, chart_dir};
 use rebound_tests::node::{HostSnapshot, NODE_IP, Node, WORKER_IMAGE, json_lines, wait_for};
 use rebound_tests::{repo_root, yaml_documents};
@@ -77,19 +77,11 @@ fn install_page_runs_on_the_node(node: &Node) -> Result<()> {
         .ok()?;
     let helm = Helm::get()?;
     let scratch = node.state_dir().join("install-doc");
-    let mut path = std::ffi::OsString::new();
-    for dir in [helm.path(), node.kubectl_path()] {
-        path.push(dir.parent().unwrap_or(std::path::Path::new("")));
-        path.push(":");
-    }
-    path.push(std::env::var_os("PATH").unwrap_or_default());
-    let env: Vec<(&str, std::ffi::OsString)> = vec![
-        ("KUBECONFIG", node.kubeconfig().into()),
-        ("PATH", path),
-        ("HELM_CACHE_HOME", scratch.join("cache").into()),
-        ("HELM_CONFIG_HOME", scratch.join("config").into()),
-        ("HELM_DATA_HOME", scratch.join("data").into()),
-    ];
+    let env = shell_env(
+        node.kubeconfig(),
+        &[helm.path(), node.kubectl_path()],
+        &scratch,
+    );
     let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
     let mut outputs = Vec::new();
     for command in shell_blocks(&page).iter().flat_map(|b| &b.commands) {
@@ -213,17 +205,8 @@ fn install_charts(node: &Node) -> Result<()> {
 }
 
 fn operator_pods(node: &Node) -> Result<Vec<String>> {
-    let pods = node.get_json([
-        "pods",
-        "-n",
-        OPERATOR_NS,
-        "-l",
-        "app.kubernetes.io/name=rebound-operator",
-    ])?;
-    Ok(pods["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    Ok(pods_of(node, OPERATOR_NS, "rebound-operator")?
+        .iter()
         .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
         .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
         .collect())
@@ -245,15 +228,8 @@ fn lease_holder(node: &Node) -> Result<String> {
 /// capability and no new privileges, on a read-only root: read from /proc of the node,
 /// where they really run.
 fn images_run_under_their_security_context(node: &Node, namespace: &str, app: &str) -> Result<()> {
-    let pods = node.get_json([
-        "pods",
-        "-n",
-        namespace,
-        "-l",
-        &format!("app.kubernetes.io/name={app}"),
-    ])?;
     let mut checked = 0;
-    for pod in pods["items"].as_array().into_iter().flatten() {
+    for pod in &pods_of(node, namespace, app)? {
         let statuses = ["initContainerStatuses", "containerStatuses"]
             .iter()
             .flat_map(|f| pod["status"][f].as_array().cloned().unwrap_or_default());
@@ -450,7 +426,8 @@ fn as_test_worker(mut object: Value, report_url: &str) -> Result<Value> {
     Ok(object)
 }
 
-fn running_pods(node: &Node, namespace: &str, app: &str) -> Result<Vec<Value>> {
+/// The Pods labelled `app.kubernetes.io/name=<app>` in `namespace`.
+fn pods_of(node: &Node, namespace: &str, app: &str) -> Result<Vec<Value>> {
     let pods = node.get_json([
         "pods",
         "-n",
@@ -458,14 +435,15 @@ fn running_pods(node: &Node, namespace: &str, app: &str) -> Result<Vec<Value>> {
         "-l",
         &format!("app.kubernetes.io/name={app}"),
     ])?;
-    Ok(pods["items"]
-        .as_array()
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn running_pods(node: &Node, namespace: &str, app: &str) -> Result<Vec<Value>> {
+    Ok(pods_of(node, namespace, app)?
         .into_iter()
-        .flatten()
         .filter(|p| {
             p["metadata"]["deletionTimestamp"].is_null() && p["status"]["phase"] == json!("Running")
         })
-        .cloned()
         .collect())
 }
 

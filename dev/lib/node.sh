@@ -19,7 +19,7 @@ node_pod_subnet="${cp_node_ip%.*}.0/24"
 node_cgroup=rebound-node
 # Debian package of each command the node runs.
 declare -A node_package_of=([containerd]=containerd [containerd-shim-runc-v2]=containerd [ctr]=containerd
-  [runc]=runc [iptables]=iptables [ip6tables]=iptables [nft]=nftables [conntrack]=conntrack [ip]=iproute2
+  [runc]=runc [pgrep]=procps [iptables]=iptables [ip6tables]=iptables [nft]=nftables [conntrack]=conntrack [ip]=iproute2
   [buildah]=buildah)
 
 # Fails with the apt-get command that installs whatever the node lacks, or with what this

@@ -4,11 +4,27 @@
 // no queue are passed, so the adapter attaches to the queue and the job id travels in
 // `backoff.options`. Returning -1 sends the job to the failed set.
 
+const { randomUUID } = require('node:crypto');
 const { runHook, replayDeadLetter } = require('./hook');
 const { BACKOFF_TYPE, newKey } = require('./bullmq');
 
 /** The job-hash field counting the job's starts (Bull 4 has no attemptsStarted). */
 const STARTS_FIELD = 'rebound:starts';
+/** The job-hash field holding the id of the start counted last. */
+const LAST_START_FIELD = 'rebound:lastStart';
+
+// Counts a start once: ioredis sends a command again when Redis went away before its reply,
+// and a plain HINCRBY sent twice would count one start as two (and cost the job a run).
+const COUNT_START = `if redis.call('HGET', KEYS[1], ARGV[2]) == ARGV[3] then
+  return tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)`;
+
+/** Adds the start `startId` to the job hash `key`'s count, once however often it is sent. */
+function countStart(client, key, startId) {
+  return client.eval(COUNT_START, 1, key, STARTS_FIELD, LAST_START_FIELD, startId);
+}
 
 function createBullAdapter(rebound) {
   const deadLetterQueues = new Map();
@@ -79,7 +95,7 @@ function createBullAdapter(rebound) {
     // no such count): a stalled run that was started again counts as a run.
     queue.on('active', (job) => {
       if (!job || job.id === undefined) return;
-      queue.client.hincrby(queue.toKey(job.id), STARTS_FIELD, 1).catch((e) => rebound.hookError(queue.name, String(job.id), 'starts', e));
+      countStart(queue.client, queue.toKey(job.id), randomUUID()).catch((e) => rebound.hookError(queue.name, String(job.id), 'starts', e));
     });
     // Bull emits 'failed' on the worker right after its move-to-failed script ran.
     queue.on('failed', (job) => {
@@ -124,4 +140,4 @@ function bullJobHash(queue, jobId) {
   };
 }
 
-module.exports = { createBullAdapter };
+module.exports = { createBullAdapter, countStart };

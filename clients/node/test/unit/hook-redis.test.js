@@ -211,3 +211,20 @@ test('Bull 4: attempts 1..3 with the job id from backoff.options, dead letter, d
     }
   }
 });
+
+test('Bull 4: a start sent again after a lost reply counts once', async () => {
+  const { countStart } = require('../../lib/bull');
+  const Redis = require('ioredis');
+  const client = new Redis(redis.connection);
+  const key = 'bull:count-start:1';
+  try {
+    // ioredis sends a command again when Redis closed the connection before replying; the
+    // same start arriving twice must not cost the job a run.
+    assert.equal(await countStart(client, key, 'start-a'), 1);
+    assert.equal(await countStart(client, key, 'start-a'), 1);
+    assert.equal(await countStart(client, key, 'start-b'), 2);
+    assert.equal(await client.hget(key, 'rebound:starts'), '2');
+  } finally {
+    client.disconnect();
+  }
+});

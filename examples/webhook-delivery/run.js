@@ -5,6 +5,8 @@
 //
 //   REDIS_URL=redis://127.0.0.1:PORT REBOUND_TARGET=127.0.0.1:7411 EVENTS=40 node run.js
 //
+// With REPORT_FILE=path it also writes the totals as JSON there (`summary`), for scripts.
+//
 // Needs a sidecar that serves policy.yaml (dev/demo.sh sets all of it up).
 
 const { Queue } = require('bullmq');
@@ -132,7 +134,25 @@ function describe(report, { show = 8 } = {}) {
   return lines.join('\n');
 }
 
-module.exports = { runDelivery, describe, DEAD };
+/** The totals of a report as plain JSON: what a script checks after a run. */
+function summary(report) {
+  const count = (list, field) => list.reduce((m, x) => ((m[x[field]] = (m[x[field]] || 0) + 1), m), {});
+  return {
+    events: report.sent.length,
+    delivered: report.delivered.size,
+    deadLettered: report.deadLetters.length,
+    deadLetterReasons: count(report.deadLetters, 'reason'),
+    deadLetterJobs: report.deadJobs.length,
+    posts: count(report.requests, 'outcome'),
+    applied: report.applied.size,
+    decisions: count(report.decisions, 'decision'),
+    decisionSources: count(report.decisions, 'source'),
+    counts: report.counts,
+    durationMs: report.durationMs,
+  };
+}
+
+module.exports = { runDelivery, describe, summary, DEAD };
 
 if (require.main === module) {
   runDelivery({
@@ -140,7 +160,10 @@ if (require.main === module) {
     target: process.env.REBOUND_TARGET,
     count: Number(process.env.EVENTS || 40),
   }).then(
-    (report) => console.log(describe(report)),
+    (report) => {
+      console.log(describe(report));
+      if (process.env.REPORT_FILE) require('node:fs').writeFileSync(process.env.REPORT_FILE, `${JSON.stringify(summary(report))}\n`);
+    },
     (err) => {
       console.error(err);
       process.exit(1);

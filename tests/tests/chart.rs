@@ -318,7 +318,10 @@ fn sidecar_cluster_role_has_the_worker_role_rules() -> Result<()> {
     );
     let renamed = render_sets(&["configMapName=team-policies"])?;
     let rules = &find(&renamed, "ClusterRole", "rebound-sidecar")?["rules"];
-    ensure!(rules[0]["resourceNames"] == json!(["team-policies"]), "{rules}");
+    ensure!(
+        rules[0]["resourceNames"] == json!(["team-policies"]),
+        "{rules}"
+    );
     Ok(())
 }
 

@@ -19,7 +19,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest, applier};
-use kube::runtime::reflector::Store;
 use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
@@ -62,6 +61,7 @@ enum Incoming {
     },
     Lease {
         stream: usize,
+        scope: Option<String>,
         event: watcher::Event<Lease>,
     },
     /// Time to look at Lease liveness again.
@@ -138,6 +138,7 @@ pub async fn run(
         };
         let writer = Writer::new(());
         stores.leases.push(writer.as_reader());
+        let scope_name = scope.clone();
         streams.push(
             watcher(
                 leases,
@@ -149,7 +150,11 @@ pub async fn run(
             .map_ok(|e| e.modify(fleet::slim_lease))
             .reflect(writer)
             .map(move |r| match r {
-                Ok(event) => Incoming::Lease { stream, event },
+                Ok(event) => Incoming::Lease {
+                    stream,
+                    scope: scope_name.clone(),
+                    event,
+                },
                 Err(e) => Incoming::Error(e),
             })
             .boxed(),
@@ -175,9 +180,7 @@ pub async fn run(
         ready: false,
         keys: HashSet::new(),
         metrics: metrics.clone(),
-        leases: stores.leases.clone(),
-        membership: Membership::default(),
-        configmap: config.configmap_name.clone(),
+        membership: Membership::new(&config.configmap_name),
     };
     let queue = futures::stream::select_all(streams)
         .flat_map(move |incoming| {
@@ -224,9 +227,7 @@ struct Router {
     ready: bool,
     keys: HashSet<String>,
     metrics: Arc<Metrics>,
-    leases: Vec<Store<Lease>>,
     membership: Membership,
-    configmap: String,
 }
 
 impl Router {
@@ -253,16 +254,22 @@ impl Router {
                 }
                 (self.triggers.configmap(&event), "ConfigMap changed")
             }
-            Incoming::Lease { stream, event } => {
+            Incoming::Lease {
+                stream,
+                scope,
+                event,
+            } => {
                 if matches!(event, watcher::Event::InitDone) {
                     self.synced.insert((Kind::Lease, stream));
                 }
-                match fleet::scope_of(&event) {
-                    Some(scope) => (self.sidecars_changed(scope.as_deref()), "sidecars changed"),
-                    None => (Vec::new(), ""),
-                }
+                let now = k8s_openapi::jiff::Timestamp::now();
+                let touched = self.membership.event(stream, scope.as_deref(), &event, now);
+                (touched, "sidecars changed")
             }
-            Incoming::Tick => (self.sidecars_changed(None), "a sidecar Lease expired"),
+            Incoming::Tick => {
+                let now = k8s_openapi::jiff::Timestamp::now();
+                (self.membership.tick(now), "a sidecar Lease expired")
+            }
             Incoming::Error(e) => {
                 self.metrics.watch_error();
                 let code = crate::error::watch_status_code(&e);
@@ -296,23 +303,6 @@ impl Router {
                 },
             })
             .collect()
-    }
-}
-
-impl Router {
-    /// Namespaces (all, or the one of `scope`) whose count of live sidecars changed.
-    fn sidecars_changed(&mut self, scope: Option<&str>) -> Vec<String> {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let leases: Vec<Arc<Lease>> = self
-            .leases
-            .iter()
-            .flat_map(|s| match scope {
-                None => s.state(),
-                Some(ns) => s.state_filter(|l| l.metadata.namespace.as_deref() == Some(ns)),
-            })
-            .collect();
-        let counts = fleet::count(leases.iter().map(|l| l.as_ref()), &self.configmap, now);
-        self.membership.changed(&counts, scope)
     }
 }
 

@@ -38,24 +38,23 @@ pub fn slim_lease(lease: &mut Lease) {
     }
 }
 
+/// When `lease` stops being live (`renewTime + leaseDurationSeconds`), if it serves
+/// `configmap`; `None` when it serves another or was never renewed.
+pub fn expiry(lease: &Lease, configmap: &str) -> Option<Timestamp> {
+    if lease.labels().get(CONFIGMAP_LABEL).map(String::as_str) != Some(configmap) {
+        return None;
+    }
+    let spec = lease.spec.as_ref()?;
+    let renewed = spec.renew_time.as_ref()?.0;
+    let seconds = spec.lease_duration_seconds?;
+    renewed
+        .checked_add(SignedDuration::from_secs(i64::from(seconds)))
+        .ok()
+}
+
 /// Whether `lease` is live at `now` and serves `configmap`.
 pub fn is_member(lease: &Lease, configmap: &str, now: Timestamp) -> bool {
-    let serves = lease
-        .labels()
-        .get(CONFIGMAP_LABEL)
-        .is_some_and(|c| c == configmap);
-    let live =
-        lease
-            .spec
-            .as_ref()
-            .is_some_and(|s| match (&s.renew_time, s.lease_duration_seconds) {
-                (Some(renewed), Some(seconds)) => renewed
-                    .0
-                    .checked_add(SignedDuration::from_secs(i64::from(seconds)))
-                    .is_ok_and(|expires| expires > now),
-                _ => false,
-            });
-    serves && live
+    expiry(lease, configmap).is_some_and(|expires| expires > now)
 }
 
 /// Live sidecars serving `configmap`, per namespace.
@@ -97,29 +96,106 @@ pub fn shared_summary(summary: &ScheduleSummary, sidecars: u32) -> ScheduleSumma
     }
 }
 
-/// Which namespaces' sidecar counts changed, from Lease events and ticks. Renewals change
-/// no count and trigger nothing, so a fleet at rest costs no reconcile.
+/// Expiry per Lease name, per namespace.
+type Expiries = HashMap<String, HashMap<String, Timestamp>>;
+
+/// Which namespaces' sidecar counts changed, from Lease events and ticks. It keeps the
+/// expiry of every Lease serving the ConfigMap by namespace, so an event costs its
+/// namespace and a tick one pass over the expiries. Renewals change no count and trigger
+/// nothing: a fleet at rest costs no reconcile.
 #[derive(Default)]
 pub struct Membership {
+    configmap: String,
+    expiries: Expiries,
+    /// Re-list in progress, per watch stream.
+    relisting: HashMap<usize, Expiries>,
     last: HashMap<String, u32>,
 }
 
 impl Membership {
-    /// The namespaces whose count differs from the last one seen, given the counts now
-    /// (namespaces absent from `now` have none). Only `scope` (`None`: all) is compared,
-    /// so that a Lease event of one namespace costs one namespace.
-    pub fn changed(&mut self, now: &BTreeMap<String, u32>, scope: Option<&str>) -> Vec<String> {
+    pub fn new(configmap: &str) -> Self {
+        Membership {
+            configmap: configmap.to_owned(),
+            ..Membership::default()
+        }
+    }
+
+    /// A Lease event of watch stream `stream`, which covers `scope` (`None`: all).
+    pub fn event(
+        &mut self,
+        stream: usize,
+        scope: Option<&str>,
+        event: &Event<Lease>,
+        now: Timestamp,
+    ) -> Vec<String> {
+        match event {
+            Event::Apply(lease) | Event::Delete(lease) => {
+                let (Some(ns), Some(name)) = (lease.namespace(), lease.metadata.name.clone())
+                else {
+                    return Vec::new();
+                };
+                let expires = match event {
+                    Event::Delete(_) => None,
+                    _ => expiry(lease, &self.configmap),
+                };
+                let leases = self.expiries.entry(ns.clone()).or_default();
+                match expires {
+                    Some(at) => leases.insert(name, at),
+                    None => leases.remove(&name),
+                };
+                self.changed(now, Some(&ns))
+            }
+            Event::Init => {
+                self.relisting.insert(stream, Expiries::new());
+                Vec::new()
+            }
+            Event::InitApply(lease) => {
+                if let (Some(ns), Some(name), Some(at)) = (
+                    lease.namespace(),
+                    lease.metadata.name.clone(),
+                    expiry(lease, &self.configmap),
+                ) {
+                    let fresh = self.relisting.entry(stream).or_default();
+                    fresh.entry(ns).or_default().insert(name, at);
+                }
+                Vec::new()
+            }
+            Event::InitDone => {
+                let fresh = self.relisting.remove(&stream).unwrap_or_default();
+                self.expiries
+                    .retain(|ns, _| scope.is_some_and(|s| s != ns.as_str()));
+                self.expiries.extend(fresh);
+                self.changed(now, None)
+            }
+        }
+    }
+
+    /// The namespaces whose count changed since the last look, at `now` (an expiry is no
+    /// event).
+    pub fn tick(&mut self, now: Timestamp) -> Vec<String> {
+        self.changed(now, None)
+    }
+
+    /// Compares the counts of `scope` (`None`: every namespace) with the last ones seen.
+    fn changed(&mut self, now: Timestamp, scope: Option<&str>) -> Vec<String> {
         let in_scope = |ns: &str| scope.is_none_or(|s| s == ns);
+        self.expiries.retain(|_, leases| !leases.is_empty());
         let mut changed = Vec::new();
-        for (ns, n) in now.iter().filter(|(ns, _)| in_scope(ns)) {
-            if self.last.insert(ns.clone(), *n) != Some(*n) {
+        for (ns, leases) in self.expiries.iter().filter(|(ns, _)| in_scope(ns)) {
+            let n = leases.values().filter(|at| **at > now).count() as u32;
+            if n != self.last.get(ns).copied().unwrap_or(0) {
                 changed.push(ns.clone());
+            }
+            if n == 0 {
+                self.last.remove(ns);
+            } else {
+                self.last.insert(ns.clone(), n);
             }
         }
         let gone: Vec<String> = self
             .last
             .keys()
-            .filter(|ns| in_scope(ns) && !now.contains_key(*ns))
+            .filter(|ns| in_scope(ns) && !self.expiries.contains_key(*ns))
             .cloned()
             .collect();
         for ns in gone {
@@ -128,15 +204,6 @@ impl Membership {
         }
         changed.sort();
         changed
-    }
-}
-
-/// The namespace a Lease event concerns (`None`: every namespace, after a re-list).
-pub fn scope_of(event: &Event<Lease>) -> Option<Option<String>> {
-    match event {
-        Event::Apply(l) | Event::Delete(l) => Some(l.namespace()),
-        Event::InitDone => Some(None),
-        Event::Init | Event::InitApply(_) => None,
     }
 }
 
@@ -208,17 +275,39 @@ mod tests {
 
     #[test]
     fn only_changed_counts_trigger() {
-        let mut m = Membership::default();
-        let counts = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
-            pairs.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect()
-        };
-        assert_eq!(m.changed(&counts(&[("a", 3), ("b", 1)]), None), ["a", "b"]);
-        // A renewal: same counts.
-        assert!(m.changed(&counts(&[("a", 3), ("b", 1)]), None).is_empty());
-        // One of a's expired; b is out of scope of an event of a.
-        assert_eq!(m.changed(&counts(&[("a", 2)]), Some("a")), ["a"]);
-        // b's last one went away.
-        assert_eq!(m.changed(&counts(&[("a", 2)]), None), ["b"]);
-        assert!(m.changed(&counts(&[("a", 2)]), None).is_empty());
+        let mut m = Membership::new("cm");
+        let apply =
+            |m: &mut Membership, l: Lease, now: i64| m.event(0, None, &Event::Apply(l), at(now));
+        assert_eq!(apply(&mut m, lease("a", "1", "cm", 0, 15), 1), ["a"]);
+        assert_eq!(apply(&mut m, lease("a", "2", "cm", 0, 15), 1), ["a"]);
+        assert!(
+            apply(&mut m, lease("b", "1", "x", 0, 15), 1).is_empty(),
+            "other ConfigMap"
+        );
+        // A renewal changes no count; neither does a tick before anything expires.
+        assert!(apply(&mut m, lease("a", "1", "cm", 5, 15), 5).is_empty());
+        assert!(m.tick(at(14)).is_empty());
+        // a/2 expires at 15 with no event; a/1 (renewed at 5) lives until 20.
+        assert_eq!(m.tick(at(15)), ["a"]);
+        assert!(m.tick(at(16)).is_empty());
+        assert_eq!(m.tick(at(20)), ["a"], "the last one expired: none");
+        assert!(m.tick(at(21)).is_empty());
+    }
+
+    #[test]
+    fn a_relist_replaces_what_was_known() {
+        let mut m = Membership::new("cm");
+        m.event(0, None, &Event::Apply(lease("a", "1", "cm", 0, 15)), at(1));
+        m.event(0, None, &Event::Apply(lease("b", "1", "cm", 0, 15)), at(1));
+        // After a watch gap: b's Lease was deleted meanwhile, c got one.
+        assert!(m.event(0, None, &Event::Init, at(2)).is_empty());
+        for l in [lease("a", "1", "cm", 0, 15), lease("c", "1", "cm", 0, 15)] {
+            assert!(m.event(0, None, &Event::InitApply(l), at(2)).is_empty());
+        }
+        assert_eq!(m.event(0, None, &Event::InitDone, at(2)), ["b", "c"]);
+        assert_eq!(
+            m.event(0, None, &Event::Delete(lease("a", "1", "cm", 0, 15)), at(3)),
+            ["a"]
+        );
     }
 }

@@ -164,6 +164,7 @@ fn explain(
         })),
         "candidates": candidates,
         "schedule": schedule,
+        "retryBudget": served_by.as_deref().map_or(Value::Null, |name| retry_budget(policies, name)),
         "configMap": configmap,
     }))
 }
@@ -215,6 +216,16 @@ fn ready(policies: &[RetryPolicy], name: &str) -> Value {
         )
 }
 
+/// The serving policy's retry budget as the operator's status words it for the fleet
+/// (`500/s, burst 50 (100ms slots) for 6 sidecars`), if read from a cluster.
+fn retry_budget(policies: &[RetryPolicy], name: &str) -> Value {
+    policies
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+        .and_then(|p| p.status.as_ref()?.summary.as_ref()?.retry_budget.clone())
+        .map_or(Value::Null, Value::String)
+}
+
 fn text(v: &Value) -> String {
     let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let mut out = format!(
@@ -261,6 +272,9 @@ fn text(v: &Value) -> String {
             ));
         }
     }
+    if let Some(budget) = v["retryBudget"].as_str() {
+        out.push_str(&format!("  retry budget: {budget}\n"));
+    }
     if let Some(p) = v["schedule"].as_object() {
         let retries: Vec<String> = p["retries"]
             .as_array()
@@ -279,4 +293,53 @@ fn text(v: &Value) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fleet line is the operator's status text, read back, not computed again.
+    #[test]
+    fn shows_the_retry_budget_the_operator_reported() {
+        let mut policy: RetryPolicy = serde_json::from_value(json!({
+            "apiVersion": "rebound.dev/v1alpha1", "kind": "RetryPolicy",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "u1", "generation": 1},
+            "spec": {"queues": ["orders"], "retryBudget": {"ratePerSecond": 500, "burst": 50}},
+        }))
+        .expect("policy");
+        let ask = |p: &RetryPolicy| {
+            explain(
+                "shop",
+                std::slice::from_ref(p),
+                None,
+                "rebound-policies",
+                "orders",
+                20,
+                1,
+            )
+            .expect("explain")
+        };
+        assert_eq!(
+            ask(&policy)["retryBudget"],
+            Value::Null,
+            "from files: no status"
+        );
+        let shared = "500/s, burst 50 (100ms slots) for 6 sidecars";
+        policy.status = Some(
+            serde_json::from_value(json!({"summary": {
+                "maxAttempts": 10, "cap": "10m", "terminal": "drop",
+                "giveUpAfter": {"p50": "1m", "p99": "2m", "max": "3m"},
+                "retryBudget": shared,
+            }}))
+            .expect("status"),
+        );
+        let v = ask(&policy);
+        assert_eq!(v["retryBudget"], shared);
+        assert!(
+            text(&v)
+                .lines()
+                .any(|l| l == format!("  retry budget: {shared}"))
+        );
+    }
 }

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -24,6 +26,8 @@ use crate::{Config, backoff::Requeue};
 pub struct Stores {
     pub policies: Vec<Store<DynamicObject>>,
     pub configmaps: Vec<Store<ConfigMap>>,
+    /// Sidecar Leases (label selector [`crate::fleet::SELECTOR`]).
+    pub leases: Vec<Store<Lease>>,
 }
 
 impl Stores {
@@ -33,6 +37,19 @@ impl Stores {
             .flat_map(|s| s.state_filter(|o| o.namespace().as_deref() == Some(namespace)))
             .filter_map(|o| PolicyView::from_dynamic(&o))
             .collect()
+    }
+
+    /// Live sidecars serving `configmap` in `namespace`, at `now`.
+    pub(crate) fn sidecars_in(&self, namespace: &str, configmap: &str, now: Timestamp) -> u32 {
+        let leases: Vec<Arc<Lease>> = self
+            .leases
+            .iter()
+            .flat_map(|s| s.state_filter(|l| l.namespace().as_deref() == Some(namespace)))
+            .collect();
+        crate::fleet::count(leases.iter().map(|l| l.as_ref()), configmap, now)
+            .get(namespace)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub(crate) fn configmap(&self, namespace: &str, name: &str) -> Option<ConfigMapView> {

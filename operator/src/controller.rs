@@ -1,6 +1,6 @@
-//! Wiring: watch caches for RetryPolicies and ConfigMaps, a trigger stream keyed by
-//! namespace, and kube-runtime's `applier` (the engine behind `Controller`) to run the
-//! reconciles.
+//! Wiring: watch caches for RetryPolicies, ConfigMaps and sidecar Leases, a trigger stream
+//! keyed by namespace, and kube-runtime's `applier` (the engine behind `Controller`) to run
+//! the reconciles. A tick re-evaluates Lease liveness, since an expiry is no event.
 //!
 //! The reconcile key is a namespace because the output (one ConfigMap) is per namespace. The
 //! applier needs a cache holding its keys, so it gets a small local `Store<Namespace>` that
@@ -15,6 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt, stream::BoxStream};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest, applier};
@@ -26,6 +27,7 @@ use crate::Config;
 use crate::backoff::{Requeue, WatchBackoff};
 use crate::context::{Context, Stores};
 use crate::events::Events;
+use crate::fleet::{self, Membership};
 use crate::metrics::Metrics;
 use crate::objects::{policy_resource, slim_configmap, slim_policy};
 use crate::reconcile::{error_policy, reconcile};
@@ -36,6 +38,15 @@ use crate::triggers::Triggers;
 /// objects stay.
 const POLICY_PAGE: u32 = 100;
 const CONFIGMAP_PAGE: u32 = 8;
+const LEASE_PAGE: u32 = 500;
+
+/// The kinds of watch streams, for telling when every one has listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Policy,
+    ConfigMap,
+    Lease,
+}
 
 /// One item of the merged watch streams.
 enum Incoming {
@@ -48,6 +59,13 @@ enum Incoming {
         stream: usize,
         event: watcher::Event<ConfigMap>,
     },
+    Lease {
+        stream: usize,
+        scope: Option<String>,
+        event: watcher::Event<Lease>,
+    },
+    /// Time to look at Lease liveness again.
+    Tick,
     Error(watcher::Error),
 }
 
@@ -113,17 +131,56 @@ pub async fn run(
             })
             .boxed(),
         );
+
+        let leases: Api<Lease> = match scope {
+            None => Api::all(client.clone()),
+            Some(ns) => Api::namespaced(client.clone(), ns),
+        };
+        let writer = Writer::new(());
+        stores.leases.push(writer.as_reader());
+        let scope_name = scope.clone();
+        streams.push(
+            watcher(
+                leases,
+                watcher::Config::default()
+                    .labels(fleet::SELECTOR)
+                    .page_size(LEASE_PAGE),
+            )
+            .backoff(WatchBackoff::new(format!("leases/{stream}")))
+            .map_ok(|e| e.modify(fleet::slim_lease))
+            .reflect(writer)
+            .map(move |r| match r {
+                Ok(event) => Incoming::Lease {
+                    stream,
+                    scope: scope_name.clone(),
+                    event,
+                },
+                Err(e) => Incoming::Error(e),
+            })
+            .boxed(),
+        );
     }
+    let watch_streams = streams.len();
+    let mut ticks = tokio::time::interval(fleet::TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    streams.push(
+        futures::stream::unfold(ticks, |mut ticks| async move {
+            ticks.tick().await;
+            Some((Incoming::Tick, ticks))
+        })
+        .boxed(),
+    );
 
     let mut keys = Writer::<Namespace>::new(());
     let key_store = keys.as_reader();
     let mut router = Router {
         triggers: Triggers::default(),
         synced: HashSet::new(),
-        streams: streams.len(),
+        streams: watch_streams,
         ready: false,
         keys: HashSet::new(),
         metrics: metrics.clone(),
+        membership: Membership::new(&config.configmap_name),
     };
     let queue = futures::stream::select_all(streams)
         .flat_map(move |incoming| {
@@ -164,12 +221,13 @@ pub async fn run(
 /// Turns watch events into reconcile requests and keeps the key cache.
 struct Router {
     triggers: Triggers,
-    /// Streams that finished their first list.
-    synced: HashSet<(bool, usize)>,
+    /// Watch streams that finished their first list.
+    synced: HashSet<(Kind, usize)>,
     streams: usize,
     ready: bool,
     keys: HashSet<String>,
     metrics: Arc<Metrics>,
+    membership: Membership,
 }
 
 impl Router {
@@ -185,16 +243,32 @@ impl Router {
                 event,
             } => {
                 if matches!(event, watcher::Event::InitDone) {
-                    self.synced.insert((true, stream));
+                    self.synced.insert((Kind::Policy, stream));
                 }
                 let touched = self.triggers.policy(stream, scope.as_deref(), &event);
                 (touched, "RetryPolicy changed")
             }
             Incoming::ConfigMap { stream, event } => {
                 if matches!(event, watcher::Event::InitDone) {
-                    self.synced.insert((false, stream));
+                    self.synced.insert((Kind::ConfigMap, stream));
                 }
                 (self.triggers.configmap(&event), "ConfigMap changed")
+            }
+            Incoming::Lease {
+                stream,
+                scope,
+                event,
+            } => {
+                if matches!(event, watcher::Event::InitDone) {
+                    self.synced.insert((Kind::Lease, stream));
+                }
+                let now = k8s_openapi::jiff::Timestamp::now();
+                let touched = self.membership.event(stream, scope.as_deref(), &event, now);
+                (touched, "sidecars changed")
+            }
+            Incoming::Tick => {
+                let now = k8s_openapi::jiff::Timestamp::now();
+                (self.membership.tick(now), "a sidecar Lease expired")
             }
             Incoming::Error(e) => {
                 self.metrics.watch_error();

@@ -13,6 +13,7 @@ pub mod context;
 pub mod controller;
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod freshness;
 pub mod http;
 pub mod leader;

@@ -144,7 +144,10 @@ async fn reconcile_namespace(
         },
     };
 
-    let status_result = write_statuses(ctx, namespace, verdicts, memory).await;
+    let sidecars = ctx
+        .stores
+        .sidecars_in(namespace, cm_name, k8s_openapi::jiff::Timestamp::now());
+    let status_result = write_statuses(ctx, namespace, verdicts, sidecars, memory).await;
     ctx.metrics.set_namespace(namespace, figures);
     debug!(%namespace, %hash, policies = figures.compiled, not_ready = figures.not_ready, "reconciled");
     match failure {

@@ -22,6 +22,8 @@ pub mod reason {
     pub const CONFIGMAP_NOT_OWNED: &str = "ConfigMapNotOwned";
     pub const DOCUMENT_TOO_LARGE: &str = "DocumentTooLarge";
     pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// The number of sidecars sharing the policy's retry budget changed.
+    pub const SIDECARS_CHANGED: &str = "SidecarsChanged";
 }
 
 /// Longest condition message; a policy with many invalid fields gets the first ones.
@@ -199,6 +201,17 @@ pub fn event(
         p.observed_generation != desired.observed_generation || ready(p) != ready(desired)
     });
     if !changed {
+        // The same spec and verdict, but the budget is now shared by another number of
+        // sidecars: a Pod came or went.
+        let budget = |s: &RetryPolicyStatus| s.summary.as_ref()?.retry_budget.clone();
+        let shared = budget(desired);
+        if let Some(shared) = shared.filter(|b| previous.and_then(budget).as_ref() != Some(b)) {
+            return Some(EventNote {
+                warning: false,
+                reason: reason::SIDECARS_CHANGED,
+                note: format!("retry budget {shared}"),
+            });
+        }
         return None;
     }
     let note = ready(desired).map(|(_, _, m)| m).unwrap_or_default();
@@ -323,6 +336,27 @@ mod tests {
         let note = event(&serving(), Some(&first), &second).expect("event");
         assert_eq!(note.reason, reason::COMPILED);
         assert!(!note.warning);
+    }
+
+    #[test]
+    fn another_sidecar_count_emits_sidecars_changed() {
+        let budget = |text: &str| ScheduleSummary {
+            retry_budget: Some(text.to_owned()),
+            ..ScheduleSummary::default()
+        };
+        let three = budget("5/s, burst 1 (200ms slots) for 3 sidecars");
+        let first = desired(1, &serving(), Some(&three), None, "T", "cm");
+        let again = desired(1, &serving(), Some(&three), Some(&first), "T", "cm");
+        assert_eq!(event(&serving(), Some(&first), &again), None);
+        let two = budget("5/s, burst 1 (200ms slots) for 2 sidecars");
+        let fewer = desired(1, &serving(), Some(&two), Some(&first), "T", "cm");
+        let note = event(&serving(), Some(&first), &fewer).expect("event");
+        assert_eq!(note.reason, reason::SIDECARS_CHANGED);
+        assert!(!note.warning);
+        // A new generation is announced as Compiled, whatever the count.
+        let next = desired(2, &serving(), Some(&three), Some(&fewer), "T", "cm");
+        let note = event(&serving(), Some(&fewer), &next).expect("event");
+        assert_eq!(note.reason, reason::COMPILED);
     }
 
     #[test]

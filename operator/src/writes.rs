@@ -15,6 +15,7 @@ use crate::FIELD_MANAGER;
 use crate::configmap::Plan;
 use crate::context::{Context, Memory};
 use crate::error::{Error, status_code};
+use crate::fleet;
 use crate::freshness::{Written, newest};
 use crate::objects::{ConfigMapView, PolicyView, policy_resource};
 use crate::status::{self, Verdict};
@@ -76,10 +77,12 @@ pub(crate) async fn write_configmap(
 }
 
 /// Writes the statuses that differ, a few at a time; emits an event for each change.
+/// `sidecars` is the count of live sidecar Leases that share the budgets.
 pub(crate) async fn write_statuses(
     ctx: &Context,
     namespace: &str,
     verdicts: Vec<(PolicyView, Verdict)>,
+    sidecars: u32,
     memory: &mut Memory,
 ) -> Result<(), Error> {
     let now = status::now_rfc3339();
@@ -100,11 +103,11 @@ pub(crate) async fn write_statuses(
             .summaries
             .get(&view.uid)
             .filter(|(generation, _)| *generation == view.generation)
-            .map(|(_, s)| s);
+            .map(|(_, s)| fleet::shared_summary(s, sidecars));
         let desired = status::desired(
             view.generation,
             &verdict,
-            summary,
+            summary.as_ref(),
             current.as_ref(),
             &now,
             cm_name,

@@ -122,7 +122,8 @@ fn rbac(ns: &str, user: &str) -> String {
          - apiGroups: [rebound.dev]\n  resources: [retrypolicies/status]\n  verbs: [patch]\n\
          - apiGroups: [\"\"]\n  resources: [configmaps]\n  resourceNames: [{CM}]\n  \
          verbs: [get, list, watch, patch]\n\
-         - apiGroups: [events.k8s.io]\n  resources: [events]\n  verbs: [create, patch]\n---\n\
+         - apiGroups: [events.k8s.io]\n  resources: [events]\n  verbs: [create, patch]\n\
+         - apiGroups: [coordination.k8s.io]\n  resources: [leases]\n  verbs: [list, watch]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: operator\n  \
          namespace: {ns}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  \
          name: operator\nsubjects:\n- kind: User\n  name: {user}\n---\n{}",

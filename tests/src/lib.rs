@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod doc;
 pub mod helm;
 pub mod kubelet;
+pub mod lease;
 pub mod node;
 
 pub use cluster::{

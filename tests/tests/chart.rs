@@ -285,12 +285,43 @@ fn lease_rbac_and_the_pdb_follow_replicas_and_leader_election() -> Result<()> {
             args.iter().any(|a| a == leader_arg),
             "{sets:?}: {leader_arg} not in {args:?}"
         );
-        let rules = find(&objects, "ClusterRole", "rebound-operator")?["rules"].to_string();
+        // Leases cluster-wide: only read (the sidecars' membership); writes stay in the Role.
+        let rules = &find(&objects, "ClusterRole", "rebound-operator")?["rules"];
+        let lease_verbs: Vec<&Value> = rules
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["resources"] == json!(["leases"]))
+            .map(|r| &r["verbs"])
+            .collect();
         ensure!(
-            !rules.contains("leases"),
+            lease_verbs == [&json!(["list", "watch"])],
             "the ClusterRole grants Leases: {rules}"
         );
     }
+    Ok(())
+}
+
+/// The sidecars' ClusterRole grants exactly what the worker's Role in
+/// examples/worker/worker-watch.yaml grants, and follows the ConfigMap name.
+#[test]
+fn sidecar_cluster_role_has_the_worker_role_rules() -> Result<()> {
+    let example = yaml_documents(&repo_root().join("examples/worker/worker-watch.yaml"))?;
+    let role = example
+        .iter()
+        .find(|d| d["kind"] == "Role")
+        .context("no Role in examples/worker/worker-watch.yaml")?;
+    let objects = render_sets(&[])?;
+    ensure!(
+        find(&objects, "ClusterRole", "rebound-sidecar")?["rules"] == role["rules"],
+        "the chart's rebound-sidecar ClusterRole differs from the example's Role"
+    );
+    let renamed = render_sets(&["configMapName=team-policies"])?;
+    let rules = &find(&renamed, "ClusterRole", "rebound-sidecar")?["rules"];
+    ensure!(
+        rules[0]["resourceNames"] == json!(["team-policies"]),
+        "{rules}"
+    );
     Ok(())
 }
 

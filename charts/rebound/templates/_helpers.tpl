@@ -12,6 +12,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The sidecars' ClusterRole and Lease admission policy: "<release>-sidecar". */}}
+{{- define "rebound.sidecarName" -}}
+{{- printf "%s-sidecar" .Release.Name | trunc 55 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "rebound.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "rebound.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -1,0 +1,167 @@
+//! The status summary shows a retry budget as the fleet sees it: shared by the live
+//! sidecar Leases of the namespace that serve its ConfigMap. Leases are created directly,
+//! as sidecars write them; the resync is an hour, so only Lease events and the operator's
+//! liveness timer can move the figure.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use rebound_policy::RetryPolicy;
+use rebound_tests::TestEnv;
+use rebound_tests::lease::{PREFIX, sidecar_lease};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+const BUDGET: &str = "500/s, burst 50 (100ms slots)";
+
+const POLICIES: &str = "\
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: orders}
+spec:
+  queues: [orders]
+  retryBudget: {ratePerSecond: 500, burst: 50}
+---
+apiVersion: rebound.dev/v1alpha1
+kind: RetryPolicy
+metadata: {name: emails}
+spec:
+  queues: [emails]
+";
+
+/// Waits until the orders policy's summary shows `budget`.
+async fn budget_shown(client: &kube::Client, ns: &str, budget: &str) -> Result<()> {
+    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+    eventually(&format!("retryBudget {budget:?}"), WAIT, || async {
+        let shown = api
+            .get("orders")
+            .await?
+            .status
+            .and_then(|s| s.summary)
+            .and_then(|s| s.retry_budget);
+        Ok((shown.as_deref() == Some(budget)).then_some(()))
+    })
+    .await
+}
+
+fn ago(seconds: i64) -> Result<Timestamp> {
+    Ok(Timestamp::now().checked_sub(SignedDuration::from_secs(seconds))?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_summary_counts_live_sidecar_leases() -> Result<()> {
+    let env = TestEnv::new("op-fleet").await?;
+    let (client, ns) = (&env.client, env.namespace.as_str());
+    let op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    env.kubectl_stdin(["apply", "-f", "-"], POLICIES)?.ok()?;
+    converged(client, ns, WAIT).await?;
+
+    // No sidecar Leases: each sidecar enforces the budget alone (file mode).
+    budget_shown(
+        client,
+        ns,
+        &format!("{BUDGET} per sidecar (no sidecar Leases)"),
+    )
+    .await?;
+
+    // Three live sidecars; beside them Leases that do not count: another ConfigMap's, an
+    // expired one, and a Lease that is no sidecar's.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let create = |lease: Lease| {
+        let leases = leases.clone();
+        async move { leases.create(&PostParams::default(), &lease).await }
+    };
+    create(sidecar_lease("a", CM, Timestamp::now(), 3600)).await?;
+    create(sidecar_lease("b", CM, Timestamp::now(), 3600)).await?;
+    create(sidecar_lease("c", CM, Timestamp::now(), 3600)).await?;
+    create(sidecar_lease("d", "other-policies", Timestamp::now(), 3600)).await?;
+    create(sidecar_lease("e", CM, ago(100)?, 15)).await?;
+    let mut plain = sidecar_lease("f", CM, Timestamp::now(), 3600);
+    plain.metadata.labels = None;
+    create(plain).await?;
+    budget_shown(client, ns, &format!("{BUDGET} for 3 sidecars")).await?;
+    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+    let emails = api.get("emails").await?.status.and_then(|s| s.summary);
+    ensure!(
+        emails.is_some_and(|s| s.retry_budget.is_none()),
+        "a policy without a budget shows none"
+    );
+
+    // At rest, renewals included: no write at all (statuses, events, ConfigMaps).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = op.writes()?;
+    for _ in 0..3 {
+        for pod in ["a", "b", "c"] {
+            let renewal = json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+            leases
+                .patch(
+                    &format!("{PREFIX}{pod}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(renewal),
+                )
+                .await?;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    ensure!(
+        op.writes()? == before,
+        "writes at rest: {} → {}",
+        before,
+        op.writes()?
+    );
+
+    // c stops renewing: its last renewal 12 s ago with a 15 s lease. The update itself
+    // leaves it live; its expiry three seconds later is no event, only the timer sees it.
+    let stale = json!({"spec": {"renewTime": MicroTime(ago(12)?), "leaseDurationSeconds": 15}});
+    leases
+        .patch(
+            &format!("{PREFIX}c"),
+            &PatchParams::default(),
+            &Patch::Merge(stale),
+        )
+        .await?;
+    budget_shown(client, ns, &format!("{BUDGET} for 2 sidecars")).await?;
+
+    // Every Lease gone: back to per sidecar.
+    for pod in ["a", "b", "c", "d", "e", "f"] {
+        leases
+            .delete(&format!("{PREFIX}{pod}"), &DeleteParams::default())
+            .await?;
+    }
+    budget_shown(
+        client,
+        ns,
+        &format!("{BUDGET} per sidecar (no sidecar Leases)"),
+    )
+    .await?;
+
+    // Each change (at least 0 → 3, 3 → 2, 2 → 0; the first Leases may have been seen one
+    // by one) was announced on the budgeted policy, none on the other. Events are
+    // published in the background: the last may trail the status.
+    let seen = eventually("3 SidecarsChanged events for orders", WAIT, || async {
+        let seen = events(client, ns).await?;
+        let changes: i32 = seen
+            .iter()
+            .filter(|e| e.reason == "SidecarsChanged" && e.regarding == "orders")
+            .map(|e| e.count)
+            .sum();
+        Ok((changes >= 3).then_some(seen))
+    })
+    .await?;
+    ensure!(
+        !seen
+            .iter()
+            .any(|e| e.reason == "SidecarsChanged" && e.regarding == "emails"),
+        "the policy without a budget got a SidecarsChanged event"
+    );
+    ensure!(op.warnings()?.is_empty(), "{}", op.log_tail());
+    Ok(())
+}

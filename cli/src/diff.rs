@@ -263,6 +263,21 @@ fn movement(old: &Value, new: &Value, key: &str, time: bool) -> String {
     }
 }
 
+/// Whether a storm run stopped at the call bound: `no`, `yes`, or `no → yes`.
+fn cut_short(old: &Value, new: &Value) -> String {
+    let show = |v: &Value| match v.get("truncated") {
+        Some(Value::Bool(true)) => "yes",
+        Some(_) => "no",
+        None => "—",
+    };
+    let (o, n) = (show(old), show(new));
+    if o == n {
+        n.to_owned()
+    } else {
+        format!("{o} → {n}")
+    }
+}
+
 fn code(v: &Value) -> String {
     match v {
         Value::Null => "—".to_owned(),
@@ -365,15 +380,26 @@ fn markdown(doc: &Value) -> String {
         if !storm.is_empty() {
             let _ = writeln!(
                 out,
-                "| storm clients | calls | last finished |\n|---:|---|---|"
+                "| storm clients | calls | last finished | gave up | cut short |\n|---:|---|---|---|---|"
             );
             for r in storm {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} |",
                     r["clients"],
                     movement(&r["old"], &r["new"], "calls", false),
-                    movement(&r["old"], &r["new"], "completionMs", true)
+                    movement(&r["old"], &r["new"], "completionMs", true),
+                    movement(&r["old"], &r["new"], "gaveUp", false),
+                    cut_short(&r["old"], &r["new"])
+                );
+            }
+            if storm
+                .iter()
+                .any(|r| r["old"]["truncated"] == true || r["new"]["truncated"] == true)
+            {
+                let _ = writeln!(
+                    out,
+                    "\nA run cut short stopped at the bound of writes: its figures are lower bounds."
                 );
             }
         }
@@ -406,4 +432,17 @@ pub fn run(cluster: &ClusterArgs, args: &DiffArgs, format: Format) -> Result<Exi
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_short_names_both_sides_when_they_differ() {
+        let (no, yes) = (json!({"truncated": false}), json!({"truncated": true}));
+        assert_eq!(cut_short(&no, &yes), "no → yes");
+        assert_eq!(cut_short(&yes, &yes), "yes");
+        assert_eq!(cut_short(&Value::Null, &no), "— → no");
+    }
 }

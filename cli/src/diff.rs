@@ -14,20 +14,53 @@ use rebound_policy::{
 use serde_json::{Map, Value, json};
 
 use crate::{
-    Format, Inputs,
-    cluster::{self, ClusterArgs},
+    args::{self, Inputs, Namespace, Output, Sampling},
+    load::{self, ClusterArgs},
     output,
     simulate::policy_of,
 };
 
-pub struct DiffArgs {
-    pub old: PathBuf,
-    pub new: PathBuf,
-    pub namespace: Option<String>,
-    pub samples: u32,
-    pub seed: u64,
-    pub clients: Vec<u32>,
-    pub write_ms: u64,
+/// `diff OLD NEW`; two storm sizes by default.
+#[derive(clap::Args)]
+#[command(mut_arg("clients", |a| a.default_value("10,100")))]
+pub struct Args {
+    /// The policy file before the change.
+    old: PathBuf,
+    /// The policy file after the change.
+    new: PathBuf,
+    #[command(flatten)]
+    sampling: Sampling,
+    #[command(flatten)]
+    storm: args::Storm,
+    #[command(flatten)]
+    namespace: Namespace,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// What one diff computes, after defaults.
+struct DiffArgs {
+    old: PathBuf,
+    new: PathBuf,
+    namespace: Option<String>,
+    samples: u32,
+    seed: u64,
+    clients: Vec<u32>,
+    write_ms: u64,
+}
+
+impl DiffArgs {
+    fn of(args: &Args) -> Self {
+        Self {
+            old: args.old.clone(),
+            new: args.new.clone(),
+            namespace: args.namespace.namespace.clone(),
+            samples: args.sampling.samples,
+            seed: args.sampling.seed.seed,
+            clients: args.storm.clients.0.clone(),
+            write_ms: args.storm.write,
+        }
+    }
 }
 
 /// One side of a policy: its manifest and figures.
@@ -68,7 +101,7 @@ fn read(
         files: vec![path.to_path_buf()],
         recursive: false,
     };
-    Ok(cluster::load(args, &inputs, namespace.clone())?.policies)
+    Ok(load::namespace(args, &inputs, namespace.clone())?.policies)
 }
 
 /// Pairs old and new policies: by namespace and name, then (renames) the remaining ones
@@ -410,7 +443,9 @@ fn markdown(doc: &Value) -> String {
     out
 }
 
-pub fn run(cluster: &ClusterArgs, args: &DiffArgs, format: Format) -> Result<ExitCode> {
+pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
+    let format = args.output.output;
+    let args = &DiffArgs::of(args);
     // Every failure is exit 2 here (1 means "changes"), findings in the files included.
     let sides = |path: &PathBuf| -> Result<Vec<Side>> {
         let policies = read(path, cluster, &args.namespace)?;

@@ -13,12 +13,74 @@ use rebound_policy::{
 };
 
 use crate::{
-    Inputs,
-    cluster::{self, ClusterArgs},
+    args::{self, Inputs, Namespace, PolicyFilter, Sampling, Seed},
+    load::{self, ClusterArgs},
     output,
     simulate::policy_of,
     svg::{self, PALETTE, Scale, Svg},
 };
+
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Delay bands per retry (min–p50–p99–max) and the share of jobs given up over time,
+    /// one row per policy.
+    Schedule(ScheduleArgs),
+    /// Calls and time until the last client finished against the number of clients (the
+    /// `storm` model), one line per policy; give several -f to compare versions.
+    Storm(StormArgs),
+}
+
+/// The policies drawn and where the picture goes, for either plot.
+#[derive(clap::Args)]
+pub struct Common {
+    #[command(flatten)]
+    inputs: Inputs,
+    #[command(flatten)]
+    policy: PolicyFilter,
+    #[command(flatten)]
+    namespace: Namespace,
+    /// Write the SVG here instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+/// `plot schedule`.
+#[derive(clap::Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    sampling: Sampling,
+}
+
+/// `plot storm`.
+#[derive(clap::Args)]
+pub struct StormArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    storm: args::Storm,
+    #[command(flatten)]
+    seed: Seed,
+}
+
+pub fn run(cluster: &ClusterArgs, command: &Command) -> Result<ExitCode> {
+    match command {
+        Command::Schedule(a) => {
+            let policies = load(cluster, &a.common)?;
+            let Sampling { samples, seed } = a.sampling;
+            let svg = schedule_svg(&policies, samples, seed.seed);
+            write(&svg, a.common.out.as_ref())
+        }
+        Command::Storm(a) => {
+            let policies = load(cluster, &a.common)?;
+            let clients = a.storm.clients.0.clone();
+            let (write_ms, seed) = (a.storm.write, a.seed.seed);
+            let series = storm_series(&policies, &clients, write_ms, seed);
+            write(&storm_svg(&series, write_ms, seed), a.common.out.as_ref())
+        }
+    }
+}
 
 /// A policy to draw, with the name its lines carry.
 pub struct Labelled {
@@ -26,14 +88,10 @@ pub struct Labelled {
     pub policy: Policy,
 }
 
-/// The policies the inputs name (`only`: these metadata.names, all when empty), labelled
+/// The policies the inputs name (`--policy`: these metadata.names, all when none), labelled
 /// `name`, or `name (file)` when several files hold policies of that name.
-pub fn load(
-    args: &ClusterArgs,
-    inputs: &Inputs,
-    namespace: Option<String>,
-    only: &[String],
-) -> Result<Vec<Labelled>> {
+fn load(cluster: &ClusterArgs, common: &Common) -> Result<Vec<Labelled>> {
+    let (inputs, namespace) = (&common.inputs, &common.namespace.namespace);
     let mut found = Vec::new();
     let groups: Vec<(String, Inputs)> = if inputs.files.is_empty() {
         vec![(String::new(), inputs.clone())]
@@ -51,10 +109,10 @@ pub fn load(
             .collect()
     };
     for (source, group) in groups {
-        let ns = cluster::load(args, &group, namespace.clone())?;
+        let ns = load::namespace(cluster, &group, namespace.clone())?;
         for p in &ns.policies {
             let name = p.metadata.name.clone().unwrap_or_default();
-            if only.is_empty() || only.contains(&name) {
+            if common.policy.admits(Some(&name)) {
                 let (_, _, policy) = policy_of(p, &ns.namespace)?;
                 found.push((name, source.clone(), policy));
             }
@@ -90,7 +148,7 @@ pub fn load(
 }
 
 /// Writes the SVG to `out`, or to stdout.
-pub fn write(svg: &str, out: Option<&PathBuf>) -> Result<ExitCode> {
+fn write(svg: &str, out: Option<&PathBuf>) -> Result<ExitCode> {
     match out {
         Some(path) => {
             std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?

@@ -12,10 +12,27 @@ use rebound_policy::{
 use serde_json::{Value, json};
 
 use crate::{
-    Format, Inputs,
-    cluster::{self, ClusterArgs},
+    args::{self, Inputs, Namespace, Output, PolicyFilter, Seed},
+    load::{self, ClusterArgs},
     output, simulate,
 };
+
+/// `storm`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    inputs: Inputs,
+    #[command(flatten)]
+    policy: PolicyFilter,
+    #[command(flatten)]
+    storm: args::Storm,
+    #[command(flatten)]
+    seed: Seed,
+    #[command(flatten)]
+    namespace: Namespace,
+    #[command(flatten)]
+    output: Output,
+}
 
 /// Client counts in one run, at most: each is a whole simulation.
 const MAX_COUNTS: usize = 1_000;
@@ -74,27 +91,26 @@ pub fn parse_write(text: &str) -> Result<u64, String> {
     }
 }
 
-pub struct StormArgs<'a> {
-    pub only: Option<&'a str>,
-    pub clients: &'a [u32],
-    pub write_ms: u64,
-    pub seed: u64,
+/// What one `storm` run computes, after defaults.
+struct Setting {
+    clients: Vec<u32>,
+    write_ms: u64,
+    seed: u64,
 }
 
-pub fn run(
-    args: &ClusterArgs,
-    inputs: &Inputs,
-    namespace: Option<String>,
-    storm: &StormArgs<'_>,
-    format: Format,
-) -> Result<ExitCode> {
-    let ns = cluster::load(args, inputs, namespace)?;
+pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
+    let storm = Setting {
+        clients: args.storm.clients.0.clone(),
+        write_ms: args.storm.write,
+        seed: args.seed.seed,
+    };
+    let ns = load::namespace(cluster, &args.inputs, args.namespace.namespace.clone())?;
     let mut results = Vec::new();
-    for p in ns.policies.iter().filter(|p| {
-        storm
-            .only
-            .is_none_or(|n| p.metadata.name.as_deref() == Some(n))
-    }) {
+    for p in ns
+        .policies
+        .iter()
+        .filter(|p| args.policy.admits(p.metadata.name.as_deref()))
+    {
         let (name, namespace, policy) = simulate::policy_of(p, &ns.namespace)?;
         let runs: Vec<ContentionRun> = storm
             .clients
@@ -115,11 +131,11 @@ pub fn run(
             "runs": runs,
         })).collect::<Vec<Value>>(),
     });
-    output::emit_as(format, &document, || table(&results, storm))?;
+    output::emit_as(args.output.output, &document, || table(&results, &storm))?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn table(results: &[(String, String, Vec<ContentionRun>)], storm: &StormArgs<'_>) -> String {
+fn table(results: &[(String, String, Vec<ContentionRun>)], storm: &Setting) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

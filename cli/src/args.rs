@@ -87,4 +87,12 @@ pub struct Storm {
     /// How long one write holds the resource (and until its caller learns the result).
     #[arg(long, value_parser = storm::parse_write, default_value = "10ms")]
     pub write: u64,
+    /// Network noise: each write reaches the resource up to this much later (uniform,
+    /// from the seed), so identical delays do not keep clients in lockstep.
+    #[arg(long, value_parser = storm::parse_noise, default_value = "0s")]
+    pub noise: u64,
+    /// Sidecars the clients are spread over (client i asks sidecar i mod N); a policy's
+    /// retry budget holds for all of them together.
+    #[arg(long, value_parser = storm::parse_sidecars, default_value = "1")]
+    pub sidecars: u32,
 }

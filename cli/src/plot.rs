@@ -6,10 +6,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context as _, Result, bail};
 use rebound_policy::{
-    Policy, Simulation,
-    contention::{ContentionRun, simulate_contention},
-    duration::format_approx,
-    simulate,
+    Policy, Simulation, contention::ContentionRun, duration::format_approx, simulate,
 };
 
 use crate::{
@@ -17,6 +14,7 @@ use crate::{
     load::{self, ClusterArgs},
     output,
     simulate::policy_of,
+    storm,
     svg::{self, PALETTE, Scale, Svg},
 };
 
@@ -74,10 +72,9 @@ pub fn run(cluster: &ClusterArgs, command: &Command) -> Result<ExitCode> {
         }
         Command::Storm(a) => {
             let policies = load(cluster, &a.common)?;
-            let clients = a.storm.clients.0.clone();
-            let (write_ms, seed) = (a.storm.write, a.seed.seed);
-            let series = storm_series(&policies, &clients, write_ms, seed);
-            write(&storm_svg(&series, write_ms, seed), a.common.out.as_ref())
+            let seed = a.seed.seed;
+            let series = storm_series(&policies, &a.storm, seed);
+            write(&storm_svg(&series, &a.storm, seed), a.common.out.as_ref())
         }
     }
 }
@@ -406,27 +403,19 @@ pub struct Series {
     pub runs: Vec<ContentionRun>,
 }
 
-pub fn storm_series(
-    policies: &[Labelled],
-    clients: &[u32],
-    write_ms: u64,
-    seed: u64,
-) -> Vec<Series> {
+pub fn storm_series(policies: &[Labelled], flags: &args::Storm, seed: u64) -> Vec<Series> {
     policies
         .iter()
         .map(|p| Series {
             label: p.label.clone(),
-            runs: clients
-                .iter()
-                .map(|&n| simulate_contention(&p.policy, n, write_ms, seed))
-                .collect(),
+            runs: storm::runs(&p.policy, flags, seed),
         })
         .collect()
 }
 
 /// The storm picture: calls (left) and the time the last client finished (right) against
 /// the number of clients, one line per policy.
-pub fn storm_svg(series: &[Series], write_ms: u64, seed: u64) -> String {
+pub fn storm_svg(series: &[Series], flags: &args::Storm, seed: u64) -> String {
     let legend_rows = series.len() as f64;
     let height = HEADER + 380.0 + 18.0 * legend_rows;
     let mut doc = Svg::new(WIDTH, height);
@@ -516,7 +505,10 @@ pub fn storm_svg(series: &[Series], write_ms: u64, seed: u64) -> String {
         24.0,
         "middle",
         r#" font-size="16" font-weight="bold""#,
-        &format!("{title}: clients all writing at once, {write_ms} ms per write, seed {seed}"),
+        &format!(
+            "{title}: clients all writing at once, {}, seed {seed}",
+            storm::describe(flags)
+        ),
     );
     doc.finish(title)
 }

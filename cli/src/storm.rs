@@ -5,8 +5,8 @@ use std::{fmt::Write as _, process::ExitCode};
 
 use anyhow::{Result, bail};
 use rebound_policy::{
-    KubeDuration,
-    contention::{ContentionRun, MAX_CLIENTS, simulate_contention},
+    KubeDuration, Policy,
+    contention::{self, ContentionRun, MAX_CLIENTS, MAX_SIDECARS, run_storm},
     duration::format_approx,
 };
 use serde_json::{Value, json};
@@ -84,26 +84,51 @@ pub fn parse_clients(text: &str) -> Result<Counts, String> {
 
 /// Parses `--write`: a Kubernetes duration of at least 1 ms.
 pub fn parse_write(text: &str) -> Result<u64, String> {
-    let d = KubeDuration::parse(text).map_err(|e| e.to_string())?;
-    match d.as_millis() {
+    match parse_noise(text)? {
         0 => Err("a write takes at least 1ms".to_owned()),
         ms => Ok(ms),
     }
 }
 
-/// What one `storm` run computes, after defaults.
-struct Setting {
-    clients: Vec<u32>,
-    write_ms: u64,
-    seed: u64,
+/// Parses `--noise`: a Kubernetes duration, or zero (`0`, `0s`, `0ms`) for none.
+pub fn parse_noise(text: &str) -> Result<u64, String> {
+    let unit = text.trim_start_matches('0');
+    if text.starts_with('0') && ["", "ms", "s", "m", "h"].contains(&unit) {
+        return Ok(0);
+    }
+    let d = KubeDuration::parse(text).map_err(|e| e.to_string())?;
+    Ok(d.as_millis())
+}
+
+/// Parses `--sidecars`: 1 to [`MAX_SIDECARS`].
+pub fn parse_sidecars(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(n) if (1..=MAX_SIDECARS).contains(&n) => Ok(n),
+        _ => Err(format!("{text:?}: 1 to {MAX_SIDECARS} sidecars")),
+    }
+}
+
+/// The model's run for each client count of `flags`, in order.
+pub fn runs(policy: &Policy, flags: &args::Storm, seed: u64) -> Vec<ContentionRun> {
+    flags
+        .clients
+        .0
+        .iter()
+        .map(|&clients| {
+            let storm = contention::Storm {
+                clients,
+                write_ms: flags.write,
+                seed,
+                noise_ms: flags.noise,
+                sidecars: flags.sidecars,
+            };
+            run_storm(policy, &storm)
+        })
+        .collect()
 }
 
 pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
-    let storm = Setting {
-        clients: args.storm.clients.0.clone(),
-        write_ms: args.storm.write,
-        seed: args.seed.seed,
-    };
+    let (storm, seed) = (&args.storm, args.seed.seed);
     let ns = load::namespace(cluster, &args.inputs, args.namespace.namespace.clone())?;
     let mut results = Vec::new();
     for p in ns
@@ -112,59 +137,91 @@ pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
         .filter(|p| args.policy.admits(p.metadata.name.as_deref()))
     {
         let (name, namespace, policy) = simulate::policy_of(p, &ns.namespace)?;
-        let runs: Vec<ContentionRun> = storm
-            .clients
-            .iter()
-            .map(|&n| simulate_contention(&policy, n, storm.write_ms, storm.seed))
-            .collect();
-        results.push((name, namespace, runs));
+        results.push((name, namespace, runs(&policy, storm, seed)));
     }
     if results.is_empty() {
         bail!("no RetryPolicy to simulate");
     }
     let document = json!({
-        "writeMs": storm.write_ms,
-        "seed": storm.seed,
+        "writeMs": storm.write,
+        "noiseMs": storm.noise,
+        "sidecars": storm.sidecars,
+        "seed": seed,
         "policies": results.iter().map(|(name, namespace, runs)| json!({
             "name": name,
             "namespace": namespace,
             "runs": runs,
         })).collect::<Vec<Value>>(),
     });
-    output::emit_as(args.output.output, &document, || table(&results, &storm))?;
+    output::emit_as(args.output.output, &document, || {
+        table(&results, storm, seed)
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn table(results: &[(String, String, Vec<ContentionRun>)], storm: &Setting) -> String {
+/// `10 ms writes`, with the noise and sidecars when set: the storm in words.
+pub fn describe(storm: &args::Storm) -> String {
+    let mut out = format!("{} ms writes", storm.write);
+    if storm.noise > 0 {
+        let _ = write!(out, " with up to {} ms of network noise", storm.noise);
+    }
+    if storm.sidecars > 1 {
+        let _ = write!(out, ", clients spread over {} sidecars", storm.sidecars);
+    }
+    out
+}
+
+fn table(
+    results: &[(String, String, Vec<ContentionRun>)],
+    storm: &args::Storm,
+    seed: u64,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} clients each completing one write of {} ms to one resource, all starting at once (seed {}):",
+        "{} clients each completing one write to one resource, all starting at once ({}, seed {seed}):",
         storm
             .clients
+            .0
             .iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(", "),
-        storm.write_ms,
-        storm.seed
+        describe(storm),
     );
     for (name, namespace, runs) in results {
         let _ = writeln!(out, "\n{namespace}/{name}");
-        let _ = writeln!(
+        let budgeted = runs.iter().any(|r| r.budget.is_some());
+        let _ = write!(
             out,
             "  {:>8}  {:>12}  {:>14}  {:>9}  {:>8}",
             "clients", "calls", "last finished", "succeeded", "gave up"
         );
+        if budgeted {
+            let _ = write!(out, "  {:>9}  {:>12}", "stretched", "busiest slot");
+        }
+        out.push('\n');
         for r in runs {
-            let _ = writeln!(
+            let _ = write!(
                 out,
-                "  {:>8}  {:>12}  {:>14}  {:>9}  {:>8}{}",
+                "  {:>8}  {:>12}  {:>14}  {:>9}  {:>8}",
                 r.clients,
                 r.calls,
                 format_approx(r.completion_ms),
                 r.succeeded,
                 r.gave_up,
+            );
+            if let Some(b) = &r.budget {
+                let _ = write!(
+                    out,
+                    "  {:>9}  {:>12}",
+                    b.stretched,
+                    format!("{}/{}", b.busiest_slot, b.burst)
+                );
+            }
+            let _ = writeln!(
+                out,
+                "{}",
                 if r.truncated {
                     "  (stopped at the call bound)"
                 } else {
@@ -187,6 +244,18 @@ mod tests {
         assert_eq!(parse_clients("1..3, 8"), Ok(Counts(vec![1, 2, 3, 8])));
         for bad in ["0", "5..1", "1..5:0", "x", "1..200000", "1..100000"] {
             assert!(parse_clients(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn noise_and_sidecars() {
+        assert_eq!(parse_noise("0s"), Ok(0));
+        assert_eq!(parse_noise("0"), Ok(0));
+        assert_eq!(parse_noise("15ms"), Ok(15));
+        assert!(parse_noise("0x").is_err());
+        assert_eq!(parse_sidecars("6"), Ok(6));
+        for bad in ["0", "-1", "x", "10001"] {
+            assert!(parse_sidecars(bad).is_err(), "{bad} accepted");
         }
     }
 

@@ -108,3 +108,55 @@ fn the_storm_table_shows_who_gave_up_and_whether_a_run_was_cut_short() {
         );
     }
 }
+
+#[test]
+fn adding_a_budget_moves_the_storm_and_shows_a_budget_section() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, new) = (dir.path().join("old.yaml"), dir.path().join("new.yaml"));
+    let backoff = "  backoff: {strategy: exponential, base: 10ms, cap: 10m}\n";
+    std::fs::write(&old, format!("{POLICY}{backoff}")).expect("write");
+    std::fs::write(
+        &new,
+        format!("{POLICY}{backoff}  retryBudget: {{ratePerSecond: 100, burst: 10}}\n"),
+    )
+    .expect("write");
+    let (old, new) = (old.to_str().expect("path"), new.to_str().expect("path"));
+    let args = ["diff", old, new, "--clients", "200", "--samples", "500"];
+    let json = rebound(&[&args[..], &["-o", "json"]].concat());
+    assert_eq!(json.status.code(), Some(1));
+    let doc: Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let policy = &doc["policies"][0];
+    let budget = &policy["retryBudget"];
+    assert_eq!(budget["old"], Value::Null);
+    assert_eq!(budget["new"]["ratePerSecond"], 100);
+    assert!(budget["new"]["stretched"].as_u64() > Some(0));
+    let storm = &policy["storm"][0];
+    assert_ne!(
+        (&storm["old"]["calls"], &storm["old"]["completionMs"]),
+        (&storm["new"]["calls"], &storm["new"]["completionMs"]),
+        "the budget moves the storm's figures"
+    );
+    assert!(storm["new"]["busiestSlot"].as_u64() <= Some(10));
+    assert_eq!(storm["old"].get("busiestSlot"), None);
+
+    let markdown = rebound(&args);
+    let text = String::from_utf8(markdown.stdout).expect("UTF-8");
+    let (header, rows) = tables(&text)
+        .into_iter()
+        .find(|(h, _)| h.first().is_some_and(|c| c.starts_with("retry budget")))
+        .expect("a budget section");
+    assert_eq!(header.len(), 2);
+    let row = |label: &str| {
+        rows.iter()
+            .find(|r| r[0] == label)
+            .unwrap_or_else(|| panic!("no {label:?} row in {rows:?}"))
+    };
+    assert_eq!(
+        sides(&row("budget")[1]),
+        ("none".to_owned(), "100/s, burst 10".to_owned())
+    );
+    assert_eq!(
+        sides(&row("moved later")[1]).1,
+        budget["new"]["stretched"].to_string()
+    );
+}

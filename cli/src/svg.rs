@@ -192,6 +192,15 @@ pub fn escape(text: &str) -> String {
     out
 }
 
+/// `x,y x,y …` for a `points` attribute.
+fn point_list(points: &[(f64, f64)]) -> String {
+    let list: Vec<String> = points
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    list.join(" ")
+}
+
 /// A document being written: elements appended in order.
 pub struct Svg {
     width: f64,
@@ -231,27 +240,16 @@ impl Svg {
     }
 
     pub fn polyline(&mut self, points: &[(f64, f64)], attrs: &str) {
-        let list: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{x:.1},{y:.1}"))
-            .collect();
+        let list = point_list(points);
         let _ = writeln!(
             self.body,
-            r#"<polyline points="{}" fill="none"{attrs}/>"#,
-            list.join(" ")
+            r#"<polyline points="{list}" fill="none"{attrs}/>"#
         );
     }
 
     pub fn polygon(&mut self, points: &[(f64, f64)], attrs: &str) {
-        let list: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{x:.1},{y:.1}"))
-            .collect();
-        let _ = writeln!(
-            self.body,
-            r#"<polygon points="{}"{attrs}/>"#,
-            list.join(" ")
-        );
+        let list = point_list(points);
+        let _ = writeln!(self.body, r#"<polygon points="{list}"{attrs}/>"#);
     }
 
     /// A rectangle from two corners in any order.

@@ -34,7 +34,7 @@ use serde::Serialize;
 
 use crate::{
     decide::{Context, Decision, Draws, Policy, Replay, decide_with, mix64},
-    retry_budget::{Ask, Scheduler},
+    retry_budget::{Ask, Scheduler, SlotShare},
 };
 
 /// Bounds on one run so no input can make it unbounded: clients, writes in all, sidecars.
@@ -159,7 +159,16 @@ fn run_model(policy: &Policy, storm: &Storm, max_calls: u64) -> ContentionRun {
     let params = policy.params();
     let budget = params.retry_budget;
     let mut schedulers: Vec<Scheduler> = match budget {
-        Some(b) => (0..sidecars).map(|_| Scheduler::new(b)).collect(),
+        Some(b) => (0..sidecars)
+            .map(|member| {
+                let mut scheduler = Scheduler::new(b);
+                scheduler.set_share(SlotShare {
+                    member,
+                    members: sidecars,
+                });
+                scheduler
+            })
+            .collect(),
         None => Vec::new(),
     };
     // Retries scheduled per slot, all sidecars together; slots before the current write's
@@ -435,7 +444,7 @@ mod tests {
     #[test]
     fn the_budget_holds_per_slot_for_all_sidecars_together() {
         let policy = budgeted(Some(serde_json::json!({"ratePerSecond": 100, "burst": 10})));
-        for sidecars in [1, 1] {
+        for sidecars in [1, 4, 7] {
             let storm = Storm {
                 sidecars,
                 ..Storm::new(300, 10, 2)

@@ -11,26 +11,39 @@ use rebound_policy::{
 use serde_json::{Value, json};
 
 use crate::{
-    Format, Inputs,
-    cluster::{self, ClusterArgs},
+    args::{Inputs, Namespace, Output},
+    load::{self, ClusterArgs},
     output,
 };
 
-pub struct Question {
-    pub queue: String,
-    pub attempt: u32,
-    pub job_id: Option<String>,
-    pub error_class: Option<String>,
-    pub elapsed: Option<String>,
+/// `ask`: the question, as the sidecar's Decide request puts it.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    inputs: Inputs,
+    /// The queue of the job that failed.
+    #[arg(long)]
+    queue: String,
+    /// 1-based number of the run that just failed.
+    #[arg(long)]
+    attempt: u32,
+    /// The job's id (it seeds the jitter).
+    #[arg(long)]
+    job_id: Option<String>,
+    /// The class of the error the run failed with (matched against `nonRetryableErrors`).
+    #[arg(long)]
+    error_class: Option<String>,
+    /// Time since the first failure, e.g. `90s`.
+    #[arg(long)]
+    elapsed: Option<String>,
+    #[command(flatten)]
+    namespace: Namespace,
+    #[command(flatten)]
+    output: Output,
 }
 
-pub fn run(
-    args: &ClusterArgs,
-    inputs: &Inputs,
-    namespace: Option<String>,
-    q: &Question,
-    format: Format,
-) -> Result<ExitCode> {
+pub fn run(cluster: &ClusterArgs, q: &Args) -> Result<ExitCode> {
+    let (inputs, namespace, format) = (&q.inputs, q.namespace.namespace.clone(), q.output.output);
     if q.attempt == 0 {
         bail!("--attempt is 1-based: the number of the run that just failed");
     }
@@ -44,20 +57,20 @@ pub fn run(
         })
         .transpose()?;
     let (doc, source) = if inputs.files.is_empty() {
-        let doc = cluster::block_on(async {
-            let (client, ns) = cluster::connect(args, namespace).await?;
-            match cluster::compiled_document(&client, &ns, &args.configmap).await? {
+        let doc = load::block_on(async {
+            let (client, ns) = load::connect(cluster, namespace).await?;
+            match load::compiled_document(&client, &ns, &cluster.configmap).await? {
                 Some(doc) => Ok(doc),
                 None => bail!(
                     "no ConfigMap {ns}/{} (is the operator running, and watching {ns:?}?)",
-                    args.configmap
+                    cluster.configmap
                 ),
             }
         })?;
         (doc, "configMap")
     } else {
         let default_ns = namespace.clone().unwrap_or_else(|| "default".to_owned());
-        let policies = cluster::from_files(inputs, &default_ns)?;
+        let policies = load::from_files(inputs, &default_ns)?;
         let ns = namespace.unwrap_or_else(|| {
             policies
                 .first()
@@ -79,7 +92,7 @@ pub fn run(
 /// The decision as JSON: the sidecar's DecideResponse fields in the API's camelCase.
 fn answer(
     doc: &CompiledDocument,
-    q: &Question,
+    q: &Args,
     elapsed_ms: Option<u64>,
     source: &str,
 ) -> Result<Value> {

@@ -3,7 +3,39 @@
 //! under the cursor, and expects cobra's `__complete` answer: one candidate per line
 //! (`value<TAB>description`), then `:<directive>`.
 
-use clap::{Arg, Command};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Arg, Command, ValueEnum};
+
+use crate::output;
+
+/// `completion SHELL`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(value_enum)]
+    shell: Shell,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Prints the completion script of `root` for the shell, for the command name `name`.
+pub fn script(args: &Args, root: &mut Command, name: &str) -> Result<ExitCode> {
+    let shell = match args.shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut out = Vec::new();
+    clap_complete::generate(shell, root, name, &mut out);
+    output::emit(&String::from_utf8_lossy(&out))?;
+    Ok(ExitCode::SUCCESS)
+}
 
 /// Cobra's directives: 0 lets the shell complete file names, 4 does not.
 const FILES: u8 = 0;

@@ -6,28 +6,58 @@ use std::{fmt::Write as _, path::PathBuf, process::ExitCode};
 
 use anyhow::{Result, anyhow};
 use rebound_policy::{
-    Policy, RetryPolicy, Simulation,
-    contention::{ContentionRun, simulate_contention},
-    duration::format_approx,
-    simulate,
+    BudgetSimulation, Policy, RetryPolicy, Simulation, contention::ContentionRun,
+    duration::format_approx, simulate, simulate_budget,
 };
 use serde_json::{Map, Value, json};
 
 use crate::{
-    Format, Inputs,
-    cluster::{self, ClusterArgs},
+    args::{self, Inputs, Namespace, Output, Sampling},
+    load::{self, ClusterArgs},
     output,
     simulate::policy_of,
+    storm,
 };
 
-pub struct DiffArgs {
-    pub old: PathBuf,
-    pub new: PathBuf,
-    pub namespace: Option<String>,
-    pub samples: u32,
-    pub seed: u64,
-    pub clients: Vec<u32>,
-    pub write_ms: u64,
+/// `diff OLD NEW`; two storm sizes by default.
+#[derive(clap::Args)]
+#[command(mut_arg("clients", |a| a.default_value("10,100")))]
+pub struct Args {
+    /// The policy file before the change.
+    old: PathBuf,
+    /// The policy file after the change.
+    new: PathBuf,
+    #[command(flatten)]
+    sampling: Sampling,
+    #[command(flatten)]
+    storm: args::Storm,
+    #[command(flatten)]
+    namespace: Namespace,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// What one diff computes, after defaults.
+struct DiffArgs {
+    old: PathBuf,
+    new: PathBuf,
+    namespace: Option<String>,
+    samples: u32,
+    seed: u64,
+    storm: args::Storm,
+}
+
+impl DiffArgs {
+    fn of(args: &Args) -> Self {
+        Self {
+            old: args.old.clone(),
+            new: args.new.clone(),
+            namespace: args.namespace.namespace.clone(),
+            samples: args.sampling.samples,
+            seed: args.sampling.seed.seed,
+            storm: args.storm.clone(),
+        }
+    }
 }
 
 /// One side of a policy: its manifest and figures.
@@ -39,6 +69,8 @@ struct Side {
     /// What the sidecar answers from: the policy with every default applied.
     resolved: rebound_policy::ResolvedPolicy,
     sim: Simulation,
+    /// What the budget does to all simulated jobs failing at once (budgeted policies).
+    budget: Option<BudgetSimulation>,
     storm: Vec<ContentionRun>,
 }
 
@@ -49,11 +81,8 @@ fn side(p: &RetryPolicy, namespace: &str, args: &DiffArgs) -> Result<Side> {
         spec: serde_json::to_value(&p.spec)?,
         resolved: policy.params().clone(),
         sim: simulate(&policy, args.samples, args.seed, true),
-        storm: args
-            .clients
-            .iter()
-            .map(|&n| simulate_contention(&policy, n, args.write_ms, args.seed))
-            .collect(),
+        budget: simulate_budget(&policy, args.samples, args.seed),
+        storm: storm::runs(&policy, &args.storm, args.seed),
         name,
         namespace,
     })
@@ -68,7 +97,7 @@ fn read(
         files: vec![path.to_path_buf()],
         recursive: false,
     };
-    Ok(cluster::load(args, &inputs, namespace.clone())?.policies)
+    Ok(load::namespace(args, &inputs, namespace.clone())?.policies)
 }
 
 /// Pairs old and new policies: by namespace and name, then (renames) the remaining ones
@@ -162,12 +191,30 @@ fn give_up(s: Option<&Side>) -> Value {
     .unwrap_or(Value::Null)
 }
 
+/// The budget's storm of one side (`simulate`'s `retryBudget`), `null` without a budget.
+fn budget(s: Option<&Side>) -> Value {
+    s.and_then(|s| s.budget.as_ref())
+        .map(|b| {
+            json!({"ratePerSecond": b.rate_per_second, "burst": b.burst, "jobs": b.jobs,
+                   "retries": b.retries, "stretched": b.stretched,
+                   "addedDelayP50Ms": b.added_delay_ms.p50,
+                   "addedDelayP99Ms": b.added_delay_ms.p99,
+                   "gaveUpDeadline": b.gave_up_deadline, "lastRetryAtMs": b.last_retry_at_ms})
+        })
+        .unwrap_or(Value::Null)
+}
+
 fn storm(old: Option<&Side>, new: Option<&Side>, clients: &[u32]) -> Vec<Value> {
     let at = |s: Option<&Side>, i: usize| {
         s.and_then(|s| s.storm.get(i))
             .map(|r| {
-                json!({"calls": r.calls, "completionMs": r.completion_ms,
-                            "gaveUp": r.gave_up, "truncated": r.truncated})
+                let mut v = json!({"calls": r.calls, "completionMs": r.completion_ms,
+                                   "gaveUp": r.gave_up, "truncated": r.truncated});
+                if let Some(b) = &r.budget {
+                    v["stretched"] = json!(b.stretched);
+                    v["busiestSlot"] = json!(b.busiest_slot);
+                }
+                v
             })
             .unwrap_or(Value::Null)
     };
@@ -225,7 +272,8 @@ fn document(pairs: &[(Option<Side>, Option<Side>)], args: &DiffArgs) -> Value {
                 "sameBehaviour": same_behaviour,
                 "schedule": schedule(old, new),
                 "giveUpAfter": {"old": give_up(old), "new": give_up(new)},
-                "storm": storm(old, new, &args.clients),
+                "retryBudget": {"old": budget(old), "new": budget(new)},
+                "storm": storm(old, new, &args.storm.clients.0),
             })
         })
         .collect();
@@ -237,7 +285,9 @@ fn document(pairs: &[(Option<Side>, Option<Side>)], args: &DiffArgs) -> Value {
         "summary": counts,
         "samples": args.samples,
         "seed": args.seed,
-        "writeMs": args.write_ms,
+        "writeMs": args.storm.write,
+        "noiseMs": args.storm.noise,
+        "sidecars": args.storm.sidecars,
         "policies": policies,
     })
 }
@@ -263,6 +313,67 @@ fn movement(old: &Value, new: &Value, key: &str, time: bool) -> String {
     }
 }
 
+/// ` with up to 5 ms of noise over 4 sidecars` when set.
+fn storm_setting(doc: &Value) -> String {
+    let mut out = String::new();
+    if let Some(n) = doc["noiseMs"].as_u64().filter(|&n| n > 0) {
+        let _ = write!(out, " with up to {n} ms of network noise");
+    }
+    if let Some(n) = doc["sidecars"].as_u64().filter(|&n| n > 1) {
+        let _ = write!(out, " over {n} sidecars");
+    }
+    out
+}
+
+/// The budget section: what the budget does to all simulated jobs failing at once, old
+/// and new; nothing when neither side has a budget.
+fn budget_table(out: &mut String, b: &Value) {
+    let (old, new) = (&b["old"], &b["new"]);
+    if old.is_null() && new.is_null() {
+        return;
+    }
+    let show = |v: &Value| match (v["ratePerSecond"].as_u64(), v["burst"].as_u64()) {
+        (Some(r), Some(b)) => format!("{r}/s, burst {b}"),
+        _ => "none".to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "| retry budget (all jobs failing at once) | old → new |\n|---|---|"
+    );
+    let budget = if show(old) == show(new) {
+        show(new)
+    } else {
+        format!("{} → {}", show(old), show(new))
+    };
+    let _ = writeln!(out, "| budget | {budget} |");
+    for (label, key, time) in [
+        ("retries scheduled", "retries", false),
+        ("moved later", "stretched", false),
+        ("added delay p50", "addedDelayP50Ms", true),
+        ("added delay p99", "addedDelayP99Ms", true),
+        ("gave up (deadline)", "gaveUpDeadline", false),
+        ("last retry at", "lastRetryAtMs", true),
+    ] {
+        let _ = writeln!(out, "| {label} | {} |", movement(old, new, key, time));
+    }
+    out.push('\n');
+}
+
+/// Whether a storm run stopped at the call bound: `no`, `yes`, or `no → yes`.
+fn cut_short(old: &Value, new: &Value) -> String {
+    let show = |v: &Value| match v.get("truncated") {
+        Some(Value::Bool(true)) => "yes",
+        Some(_) => "no",
+        None => "—",
+    };
+    let (o, n) = (show(old), show(new));
+    if o == n {
+        n.to_owned()
+    } else {
+        format!("{o} → {n}")
+    }
+}
+
 fn code(v: &Value) -> String {
     match v {
         Value::Null => "—".to_owned(),
@@ -284,11 +395,12 @@ fn markdown(doc: &Value) -> String {
     );
     let _ = writeln!(
         out,
-        "`{}` → `{}`; figures from {} simulated jobs per policy and a storm of {} ms writes, seed {}.",
+        "`{}` → `{}`; figures from {} simulated jobs per policy and a storm of {} ms writes{}, seed {}.",
         doc["old"].as_str().unwrap_or_default(),
         doc["new"].as_str().unwrap_or_default(),
         doc["samples"],
         doc["writeMs"],
+        storm_setting(doc),
         doc["seed"]
     );
     for p in doc["policies"].as_array().into_iter().flatten() {
@@ -361,19 +473,31 @@ fn markdown(doc: &Value) -> String {
             }
             out.push('\n');
         }
+        budget_table(&mut out, &p["retryBudget"]);
         let storm = p["storm"].as_array().map(Vec::as_slice).unwrap_or_default();
         if !storm.is_empty() {
             let _ = writeln!(
                 out,
-                "| storm clients | calls | last finished |\n|---:|---|---|"
+                "| storm clients | calls | last finished | gave up | cut short |\n|---:|---|---|---|---|"
             );
             for r in storm {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} |",
                     r["clients"],
                     movement(&r["old"], &r["new"], "calls", false),
-                    movement(&r["old"], &r["new"], "completionMs", true)
+                    movement(&r["old"], &r["new"], "completionMs", true),
+                    movement(&r["old"], &r["new"], "gaveUp", false),
+                    cut_short(&r["old"], &r["new"])
+                );
+            }
+            if storm
+                .iter()
+                .any(|r| r["old"]["truncated"] == true || r["new"]["truncated"] == true)
+            {
+                let _ = writeln!(
+                    out,
+                    "\nA run cut short stopped at the bound of writes: its figures are lower bounds."
                 );
             }
         }
@@ -384,7 +508,9 @@ fn markdown(doc: &Value) -> String {
     out
 }
 
-pub fn run(cluster: &ClusterArgs, args: &DiffArgs, format: Format) -> Result<ExitCode> {
+pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
+    let format = args.output.output;
+    let args = &DiffArgs::of(args);
     // Every failure is exit 2 here (1 means "changes"), findings in the files included.
     let sides = |path: &PathBuf| -> Result<Vec<Side>> {
         let policies = read(path, cluster, &args.namespace)?;
@@ -406,4 +532,17 @@ pub fn run(cluster: &ClusterArgs, args: &DiffArgs, format: Format) -> Result<Exi
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_short_names_both_sides_when_they_differ() {
+        let (no, yes) = (json!({"truncated": false}), json!({"truncated": true}));
+        assert_eq!(cut_short(&no, &yes), "no → yes");
+        assert_eq!(cut_short(&yes, &yes), "yes");
+        assert_eq!(cut_short(&Value::Null, &no), "— → no");
+    }
 }

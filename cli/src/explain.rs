@@ -13,21 +13,30 @@ use rebound_policy::{
 use serde_json::{Value, json};
 
 use crate::{
-    Format, Inputs,
-    cluster::{self, ClusterArgs},
+    args::{Inputs, Namespace, Output, Sampling},
+    load::{self, ClusterArgs},
     output, report, simulate,
 };
 
-pub fn run(
-    args: &ClusterArgs,
-    inputs: &Inputs,
-    namespace: Option<String>,
-    queue: &str,
-    samples: u32,
-    seed: u64,
-    format: Format,
-) -> Result<ExitCode> {
-    let ns = cluster::load(args, inputs, namespace)?;
+/// `explain QUEUE`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The queue name, as the job library names it.
+    queue: String,
+    #[command(flatten)]
+    inputs: Inputs,
+    #[command(flatten)]
+    namespace: Namespace,
+    #[command(flatten)]
+    output: Output,
+    #[command(flatten)]
+    sampling: Sampling,
+}
+
+pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
+    let Sampling { samples, seed } = args.sampling;
+    let (queue, seed, format) = (&args.queue, seed.seed, args.output.output);
+    let ns = load::namespace(cluster, &args.inputs, args.namespace.namespace.clone())?;
     let policies: Vec<RetryPolicy> = ns
         .policies
         .into_iter()
@@ -37,7 +46,7 @@ pub fn run(
         &ns.namespace,
         &policies,
         ns.configmap.as_ref(),
-        &args.configmap,
+        &cluster.configmap,
         queue,
         samples,
         seed,

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use rebound_policy::manifest::{self, MAX_MANIFEST_BYTES, ManifestDocument, YamlError};
 
-use crate::Inputs;
+use crate::args::Inputs;
 
 /// Extensions read from directories (an explicitly named file is read whatever its name).
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];

@@ -6,10 +6,26 @@ use anyhow::{Result, bail};
 use rebound_policy::{Policy, RetryPolicy, resolve, simulate, simulate_budget};
 
 use crate::{
-    Findings, Format, Inputs,
-    cluster::{self, ClusterArgs},
+    Findings,
+    args::{Inputs, Namespace, Output, PolicyFilter, Sampling},
+    load::{self, ClusterArgs},
     output, report,
 };
+
+/// `simulate`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    inputs: Inputs,
+    #[command(flatten)]
+    policy: PolicyFilter,
+    #[command(flatten)]
+    sampling: Sampling,
+    #[command(flatten)]
+    namespace: Namespace,
+    #[command(flatten)]
+    output: Output,
+}
 
 /// A policy's report, or a finding if its spec is invalid (possible for objects read from
 /// a cluster whose CRD is older than this build).
@@ -49,29 +65,23 @@ pub fn policy_of(p: &RetryPolicy, namespace: &str) -> Result<(String, String, Po
     Ok((name, namespace, policy))
 }
 
-pub fn run(
-    args: &ClusterArgs,
-    inputs: &Inputs,
-    namespace: Option<String>,
-    only: Option<&str>,
-    samples: u32,
-    seed: u64,
-    format: Format,
-) -> Result<ExitCode> {
-    let ns = cluster::load(args, inputs, namespace)?;
+pub fn run(cluster: &ClusterArgs, args: &Args) -> Result<ExitCode> {
+    let ns = load::namespace(cluster, &args.inputs, args.namespace.namespace.clone())?;
+    let Sampling { samples, seed } = args.sampling;
     let reports = ns
         .policies
         .iter()
-        .filter(|p| only.is_none_or(|n| p.metadata.name.as_deref() == Some(n)))
-        .map(|p| policy_report(p, &ns.namespace, samples, seed))
+        .filter(|p| args.policy.admits(p.metadata.name.as_deref()))
+        .map(|p| policy_report(p, &ns.namespace, samples, seed.seed))
         .collect::<Result<Vec<_>>>()?;
     if reports.is_empty() {
-        let named = only.map(|n| format!(" named {n:?}")).unwrap_or_default();
-        if inputs.files.is_empty() {
+        let named = args.policy.describe();
+        if args.inputs.files.is_empty() {
             bail!("no RetryPolicy{named} in namespace {:?}", ns.namespace);
         }
         bail!("no valid RetryPolicy{named} in the given files");
     }
+    let format = args.output.output;
     output::emit_as(format, &report::json(&reports), || report::table(&reports))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -26,26 +26,24 @@ pub enum Scale {
 impl Scale {
     /// A linear scale from 0 to `max` (at least 1), or a log one when the data span more
     /// than `ratio` (exponential schedules, retry storms): from the decade at or below
-    /// `min_positive` to the decade at or above `max`, or for durations (`time`) from the
-    /// round duration of [`LOG_TIME_TICKS_MS`] at or below to the one at or above, so both
-    /// ends are labelled.
-    pub fn fit(min_positive: f64, max: f64, ratio: f64, time: bool) -> Scale {
+    /// `min_positive` to the decade at or above `max`, so both ends are labelled.
+    pub fn fit(min_positive: f64, max: f64, ratio: f64) -> Scale {
         let max = max.max(1.0);
         let min = min_positive.clamp(1.0, max);
-        if max / min > ratio && time {
-            let below = LOG_TIME_TICKS_MS.iter().rev().find(|&&t| t <= min);
-            let above = LOG_TIME_TICKS_MS.iter().find(|&&t| t >= max);
-            Scale::Log {
-                lo: below.copied().unwrap_or(1.0),
-                hi: above.copied().unwrap_or(10f64.powf(max.log10().ceil())),
-            }
-        } else if max / min > ratio {
+        if max / min > ratio {
             Scale::Log {
                 lo: 10f64.powf(min.log10().floor()),
                 hi: 10f64.powf(max.log10().ceil()),
             }
         } else {
             Scale::Linear { lo: 0.0, hi: max }
+        }
+    }
+
+    /// The lowest value drawn where it is: below it a value is clipped to the axis.
+    pub fn floor(self) -> f64 {
+        match self {
+            Scale::Linear { lo, .. } | Scale::Log { lo, .. } => lo,
         }
     }
 
@@ -81,26 +79,11 @@ impl Axis {
     }
 }
 
-/// Tick values for an axis: for log scales the decades (with 2 and 5 when there are few),
-/// or for durations (`time`) the round durations of [`LOG_TIME_TICKS_MS`] (all of
-/// [`TIME_STEPS_MS`] when fewer than four fall inside); for linear ones a 1–2–5 step, or
-/// for durations a step from [`TIME_STEPS_MS`], about `count` ticks.
+/// Tick values for an axis, in one kind of step: for log scales the decades, with 2 and 5
+/// between when there are at most three (1–2–5); for linear ones a 1–2–5 step, or for
+/// durations (`time`) a step from [`TIME_STEPS_MS`], about `count` ticks.
 pub fn ticks(scale: Scale, count: usize, time: bool) -> Vec<f64> {
     match scale {
-        Scale::Log { lo, hi } if time => {
-            let inside = |list: &[f64]| -> Vec<f64> {
-                list.iter()
-                    .copied()
-                    .filter(|&t| t >= lo * (1.0 - 1e-9) && t <= hi * (1.0 + 1e-9))
-                    .collect()
-            };
-            let round = inside(&LOG_TIME_TICKS_MS);
-            if round.len() >= 4 {
-                round
-            } else {
-                inside(&TIME_STEPS_MS)
-            }
-        }
         Scale::Log { lo, hi } => {
             let decades = (hi / lo).log10().round() as i32;
             let mut out = Vec::new();
@@ -141,21 +124,6 @@ pub fn ticks(scale: Scale, count: usize, time: bool) -> Vec<f64> {
 }
 
 const DAY_MS: f64 = 86_400_000.0;
-/// Round durations about a decade apart, for log time axes: decades of milliseconds read
-/// badly past a minute (100 s is `1m40s`, 1,000 s `16m40s`).
-const LOG_TIME_TICKS_MS: [f64; 11] = [
-    1.0,
-    10.0,
-    100.0,
-    1e3,
-    10e3,
-    60e3,
-    600e3,
-    3_600e3,
-    21_600e3,
-    DAY_MS,
-    7.0 * DAY_MS,
-];
 const TIME_STEPS_MS: [f64; 30] = [
     1.0,
     2.0,
@@ -224,6 +192,15 @@ pub fn escape(text: &str) -> String {
     out
 }
 
+/// `x,y x,y …` for a `points` attribute.
+fn point_list(points: &[(f64, f64)]) -> String {
+    let list: Vec<String> = points
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    list.join(" ")
+}
+
 /// A document being written: elements appended in order.
 pub struct Svg {
     width: f64,
@@ -263,15 +240,16 @@ impl Svg {
     }
 
     pub fn polyline(&mut self, points: &[(f64, f64)], attrs: &str) {
-        let list: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{x:.1},{y:.1}"))
-            .collect();
+        let list = point_list(points);
         let _ = writeln!(
             self.body,
-            r#"<polyline points="{}" fill="none"{attrs}/>"#,
-            list.join(" ")
+            r#"<polyline points="{list}" fill="none"{attrs}/>"#
         );
+    }
+
+    pub fn polygon(&mut self, points: &[(f64, f64)], attrs: &str) {
+        let list = point_list(points);
+        let _ = writeln!(self.body, r#"<polygon points="{list}"{attrs}/>"#);
     }
 
     /// A rectangle from two corners in any order.
@@ -344,20 +322,23 @@ pub fn panel(
         title,
     );
     let grid = r##" stroke="#e0e0e0" stroke-width="1""##;
-    let y_ticks = ticks(y_scale, 5, y_time);
-    for v in &y_ticks {
-        let py = y.px(*v);
+    let tick = |v: f64| format!(r##" class="tick" data-value="{v}" stroke="#333333""##);
+    axis_group(svg, "y", y_scale);
+    for v in ticks(y_scale, 5, y_time) {
+        let py = y.px(v);
         svg.line((left, py), (right, py), grid);
-        svg.line((left - 4.0, py), (left, py), r##" stroke="#333333""##);
-        svg.text(left - 7.0, py + 4.0, "end", "", &y_label(*v));
+        svg.line((left - 4.0, py), (left, py), &tick(v));
+        svg.text(left - 7.0, py + 4.0, "end", "", &y_label(v));
     }
-    let x_ticks = x_ticks.unwrap_or_else(|| ticks(x_scale, 6, x_time));
-    for v in &x_ticks {
-        let px = x.px(*v);
+    svg.raw("</g>");
+    axis_group(svg, "x", x_scale);
+    for v in x_ticks.unwrap_or_else(|| ticks(x_scale, 6, x_time)) {
+        let px = x.px(v);
         svg.line((px, top), (px, bottom), grid);
-        svg.line((px, bottom), (px, bottom + 4.0), r##" stroke="#333333""##);
-        svg.text(px, bottom + 17.0, "middle", "", &x_label(*v));
+        svg.line((px, bottom), (px, bottom + 4.0), &tick(v));
+        svg.text(px, bottom + 17.0, "middle", "", &x_label(v));
     }
+    svg.raw("</g>");
     svg.rect(
         (left, top),
         (right, bottom),
@@ -373,6 +354,17 @@ pub fn panel(
         y_title,
     );
     Panel { x, y }
+}
+
+/// Opens the group of an axis's ticks, which says its scale (for readers and tests).
+fn axis_group(svg: &mut Svg, axis: &str, scale: Scale) {
+    let (kind, lo, hi) = match scale {
+        Scale::Linear { lo, hi } => ("linear", lo, hi),
+        Scale::Log { lo, hi } => ("log", lo, hi),
+    };
+    svg.raw(&format!(
+        r#"<g class="axis" data-axis="{axis}" data-scale="{kind}" data-lo="{lo}" data-hi="{hi}">"#
+    ));
 }
 
 /// A legend box at `(x, y)` (top left): one row per `(swatch markup, label)`; a swatch is
@@ -420,11 +412,11 @@ mod tests {
 
     #[test]
     fn log_scales_span_whole_decades() {
-        match Scale::fit(3.0, 4_500.0, 50.0, false) {
+        match Scale::fit(3.0, 4_500.0, 50.0) {
             Scale::Log { lo, hi } => assert_eq!((lo, hi), (1.0, 10_000.0)),
             other => panic!("{other:?}"),
         }
-        assert!(!Scale::fit(100.0, 400.0, 50.0, false).is_log());
+        assert!(!Scale::fit(100.0, 400.0, 50.0).is_log());
     }
 
     #[test]
@@ -458,19 +450,19 @@ mod tests {
     }
 
     #[test]
-    fn log_time_axes_end_and_tick_on_round_durations() {
-        // Data from 3 s to 20 min: decades would end at 16m40s and tick at 1m40s.
-        let s = Scale::fit(3_000.0, 1_200_000.0, 50.0, true);
+    fn log_axes_step_by_one_kind() {
+        // Data from 3 s to 20 min: whole decades, ×10 steps only (no ×6 at minutes).
+        let s = Scale::fit(3_000.0, 1_200_000.0, 50.0);
         match s {
-            Scale::Log { lo, hi } => assert_eq!((lo, hi), (1e3, 3_600e3)),
+            Scale::Log { lo, hi } => assert_eq!((lo, hi), (1e3, 1e7)),
             other => panic!("{other:?}"),
         }
-        assert_eq!(ticks(s, 5, true), vec![1e3, 10e3, 60e3, 600e3, 3_600e3]);
-        // A narrow log span falls back to the finer round steps.
-        let narrow = Scale::Log { lo: 1e3, hi: 60e3 };
+        assert_eq!(ticks(s, 5, true), vec![1e3, 1e4, 1e5, 1e6, 1e7]);
+        // Few decades: 1–2–5 in every one.
+        let narrow = Scale::Log { lo: 1e3, hi: 1e5 };
         assert_eq!(
             ticks(narrow, 5, true),
-            vec![1e3, 2e3, 5e3, 10e3, 15e3, 30e3, 60e3]
+            vec![1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5]
         );
     }
 

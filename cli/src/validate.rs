@@ -6,12 +6,22 @@ use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
-    Format, Inputs,
+    args::{Inputs, Output},
     input::{self, Parsed},
     output,
 };
 
-pub fn run(inputs: &Inputs, format: Format) -> Result<ExitCode> {
+/// `validate`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    inputs: Inputs,
+    #[command(flatten)]
+    output: Output,
+}
+
+pub fn run(args: &Args) -> Result<ExitCode> {
+    let (inputs, format) = (&args.inputs, args.output.output);
     if inputs.files.is_empty() {
         bail!("validate needs -f FILE|DIR|- (files to check)");
     }

@@ -70,7 +70,7 @@ fn schedule_svg_has_one_band_per_retry_with_the_simulated_figures() {
 }
 
 #[test]
-fn storm_svg_has_one_series_per_policy_with_the_simulated_figures() {
+fn storm_svg_has_one_series_per_policy_with_the_mean_over_seeds() {
     let out = rebound(&[
         "plot",
         "storm",
@@ -84,57 +84,253 @@ fn storm_svg_has_one_series_per_policy_with_the_simulated_figures() {
         "10ms",
         "--seed",
         "3",
+        "--seeds",
+        "4",
     ]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8(out.stdout).expect("UTF-8");
     let doc = roxmltree::Document::parse(&text).expect("XML");
-    let figure = |kind: &str| {
-        doc.descendants()
-            .find(|n| n.attribute("data-figure") == Some(kind))
-            .expect("figure group")
-    };
     for (kind, attr) in [
         ("calls", "data-calls"),
         ("completion", "data-completion-ms"),
     ] {
-        let series: Vec<_> = figure(kind)
-            .children()
-            .filter(|n| n.attribute("class") == Some("series"))
-            .collect();
+        let series = series_of(&doc, kind);
         let names: Vec<_> = series.iter().map(|s| s.attribute("data-policy")).collect();
         assert_eq!(names, [Some("payments"), Some("webhooks")]);
         for (node, file) in series.iter().zip([PAYMENTS, WEBHOOKS]) {
             let policy = policy_in(file);
-            let points: Vec<(u32, u64)> = node
-                .children()
-                .filter(|n| n.has_tag_name("circle"))
-                .map(|c| {
-                    let n = c
-                        .attribute("data-clients")
-                        .expect("clients")
-                        .parse()
-                        .expect("u32");
-                    let v = c.attribute(attr).expect("figure").parse().expect("u64");
-                    (n, v)
-                })
-                .collect();
-            let want: Vec<(u32, u64)> = [5, 20, 40]
-                .into_iter()
-                .map(|n| {
-                    let run = simulate_contention(&policy, n, 10, 3);
-                    (
-                        n,
-                        if kind == "calls" {
-                            run.calls
-                        } else {
-                            run.completion_ms
-                        },
-                    )
-                })
-                .collect();
-            assert_eq!(points, want, "{kind} of {file}");
+            assert!(
+                node.children().any(|n| class(&n) == Some("spread")),
+                "a band for the range over seeds"
+            );
+            for (point, n) in points(node).iter().zip([5u32, 20, 40]) {
+                let runs: Vec<_> = (3..7)
+                    .map(|s| simulate_contention(&policy, n, 10, s))
+                    .collect();
+                let figure = |r: &rebound_policy::contention::ContentionRun| {
+                    if kind == "calls" {
+                        r.calls
+                    } else {
+                        r.completion_ms
+                    }
+                };
+                let mean = runs.iter().map(|r| figure(r) as f64).sum::<f64>() / 4.0;
+                assert_eq!(number(point, "data-clients"), f64::from(n));
+                assert!(
+                    (number(point, attr) - mean).abs() < 0.051,
+                    "{kind} of {file} at {n}"
+                );
+                let min = runs.iter().map(figure).min().expect("runs") as f64;
+                let max = runs.iter().map(figure).max().expect("runs") as f64;
+                assert_eq!(
+                    (number(point, "data-min"), number(point, "data-max")),
+                    (min, max)
+                );
+            }
         }
     }
+}
+
+fn class<'a>(n: &roxmltree::Node<'a, '_>) -> Option<&'a str> {
+    n.attribute("class")
+}
+
+fn number(n: &roxmltree::Node<'_, '_>, attr: &str) -> f64 {
+    n.attribute(attr)
+        .unwrap_or_else(|| panic!("no {attr}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{attr} is not a number"))
+}
+
+/// The series groups of one figure (`calls`, `completion`) of a storm SVG.
+fn series_of<'a, 'i>(doc: &'a roxmltree::Document<'i>, kind: &str) -> Vec<roxmltree::Node<'a, 'i>> {
+    doc.descendants()
+        .find(|n| n.attribute("data-figure") == Some(kind))
+        .expect("figure group")
+        .children()
+        .filter(|n| class(n) == Some("series"))
+        .collect()
+}
+
+fn points<'a, 'i>(series: &roxmltree::Node<'a, 'i>) -> Vec<roxmltree::Node<'a, 'i>> {
+    series
+        .children()
+        .filter(|n| class(n) == Some("point"))
+        .collect()
+}
+
+fn svg_of(args: &[&str]) -> String {
+    let out = rebound(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// A policy file in `dir`, named `name.yaml`.
+fn policy_file(dir: &tempfile::TempDir, name: &str, spec: &str) -> String {
+    let path = dir.path().join(format!("{name}.yaml"));
+    let text = format!(
+        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: p}}\nspec:\n  queues: [q]\n{spec}"
+    );
+    std::fs::write(&path, text).expect("write");
+    path.to_str().expect("path").to_owned()
+}
+
+#[test]
+fn log_axes_tick_in_one_kind_of_step() {
+    let schedule = svg_of(&["plot", "schedule", "-f", PAYMENTS]);
+    let storm = svg_of(&[
+        "plot",
+        "storm",
+        "-f",
+        "cli/tests/fixtures/storm.yaml",
+        "--clients",
+        "10,50,100",
+        "--seeds",
+        "2",
+    ]);
+    let mut log_axes = 0;
+    for text in [&schedule, &storm] {
+        let doc = roxmltree::Document::parse(text).expect("XML");
+        for axis in doc
+            .descendants()
+            .filter(|n| class(n) == Some("axis") && n.attribute("data-scale") == Some("log"))
+        {
+            log_axes += 1;
+            let ticks: Vec<f64> = axis
+                .children()
+                .filter(|n| class(n) == Some("tick"))
+                .map(|t| number(&t, "data-value"))
+                .collect();
+            let ratios: Vec<f64> = ticks.windows(2).map(|w| w[1] / w[0]).collect();
+            let decades = ratios.iter().all(|&r| (r - 10.0).abs() < 1e-9);
+            let one_two_five = ratios
+                .iter()
+                .enumerate()
+                .all(|(i, &r)| (r - [2.0, 2.5, 2.0][i % 3]).abs() < 1e-9);
+            assert!(
+                ticks.len() >= 2 && (decades || one_two_five),
+                "mixed steps: {ticks:?}"
+            );
+        }
+    }
+    assert!(log_axes >= 2, "both plots have log axes");
+}
+
+#[test]
+fn full_jitter_minimums_below_the_axis_are_marked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = policy_file(
+        &dir,
+        "full",
+        "  backoff: {strategy: exponential, base: 1s, cap: 10m, jitter: {kind: full}}\n  maxAttempts: 8\n",
+    );
+    let text = svg_of(&["plot", "schedule", "-f", &file]);
+    let doc = roxmltree::Document::parse(&text).expect("XML");
+    let panel = doc
+        .descendants()
+        .find(|n| n.attribute("data-panel") == Some("delays"))
+        .expect("delays panel");
+    let floor = panel
+        .descendants()
+        .find(|n| class(n) == Some("axis") && n.attribute("data-axis") == Some("y"))
+        .map(|a| number(&a, "data-lo"))
+        .expect("y axis");
+    let bands: Vec<_> = panel
+        .descendants()
+        .filter(|n| class(n) == Some("band"))
+        .collect();
+    let mut clipped = 0;
+    for band in &bands {
+        let below = number(band, "data-min-ms") < floor;
+        let marked = band.children().any(|n| class(&n) == Some("clipped"));
+        assert_eq!(marked, below, "retry {:?}", band.attribute("data-retry"));
+        clipped += usize::from(below);
+    }
+    assert!(clipped > 0, "full jitter draws minimums near zero");
+}
+
+#[test]
+fn identical_series_differ_in_dash_and_marker() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = "  backoff: {strategy: exponential, base: 10ms, cap: 10m}\n  maxAttempts: 50\n";
+    let (a, b) = (policy_file(&dir, "a", spec), policy_file(&dir, "b", spec));
+    let text = svg_of(&[
+        "plot",
+        "storm",
+        "-f",
+        &a,
+        "-f",
+        &b,
+        "--clients",
+        "5,10",
+        "--seeds",
+        "2",
+    ]);
+    let doc = roxmltree::Document::parse(&text).expect("XML");
+    for kind in ["calls", "completion"] {
+        let series = series_of(&doc, kind);
+        assert_eq!(series.len(), 2);
+        let style = |k: usize| {
+            let s = &series[k];
+            (
+                s.attribute("data-dash").map(str::to_owned),
+                s.attribute("data-marker").map(str::to_owned),
+            )
+        };
+        assert_ne!(style(0).0, style(1).0, "dashes");
+        assert_ne!(style(0).1, style(1).1, "markers");
+        // The case: the same figures, drawn at the same places.
+        let at = |s: &roxmltree::Node<'_, '_>| -> Vec<Option<String>> {
+            points(s)
+                .iter()
+                .map(|p| p.attribute("data-max").map(str::to_owned))
+                .collect()
+        };
+        assert_eq!(at(&series[0]), at(&series[1]));
+    }
+}
+
+#[test]
+fn points_where_clients_gave_up_are_ringed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = policy_file(
+        &dir,
+        "short",
+        "  backoff: {strategy: exponential, base: 10ms, cap: 10m, jitter: {kind: none}}\n  maxAttempts: 5\n",
+    );
+    let text = svg_of(&[
+        "plot",
+        "storm",
+        "-f",
+        &file,
+        "--clients",
+        "1,3,30",
+        "--seeds",
+        "2",
+    ]);
+    let doc = roxmltree::Document::parse(&text).expect("XML");
+    let series = series_of(&doc, "calls");
+    let rings: Vec<f64> = series[0]
+        .children()
+        .filter(|n| class(n) == Some("gave-up"))
+        .map(|r| number(&r, "data-clients"))
+        .collect();
+    let gave_up: Vec<f64> = points(&series[0])
+        .iter()
+        .filter(|p| number(p, "data-gave-up") > 0.0)
+        .map(|p| number(p, "data-clients"))
+        .collect();
+    assert_eq!(rings, gave_up);
+    assert_eq!(
+        gave_up,
+        [30.0],
+        "one client always succeeds; 30 in lockstep for 5 attempts do not"
+    );
 }
 
 #[test]

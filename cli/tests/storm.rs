@@ -80,3 +80,37 @@ fn bad_client_counts_and_writes_are_usage_errors() {
         assert!(out.stdout.is_empty(), "{args:?} printed a result");
     }
 }
+
+#[test]
+fn a_budgeted_storm_holds_the_budget_per_slot_over_all_sidecars() {
+    const BUDGETED: &str = "cli/tests/fixtures/retry-budget.yaml";
+    for sidecars in ["1", "3"] {
+        let out = storm(&[
+            "-f",
+            BUDGETED,
+            "--clients",
+            "50,400",
+            "--sidecars",
+            sidecars,
+            "-o",
+            "json",
+        ]);
+        assert_eq!(out.status.code(), Some(0));
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(doc["sidecars"].to_string(), sidecars);
+        for run in doc["policies"][0]["runs"].as_array().expect("runs") {
+            let budget = &run["budget"];
+            assert_eq!(budget["burst"], 5);
+            assert_eq!(budget["sidecars"].to_string(), sidecars);
+            assert!(
+                budget["busiestSlot"].as_u64() <= Some(5),
+                "{sidecars} sidecars: {budget}"
+            );
+        }
+        let big = &doc["policies"][0]["runs"][1]["budget"];
+        assert!(
+            big["stretched"].as_u64() > Some(0),
+            "400 clients saturate it"
+        );
+    }
+}

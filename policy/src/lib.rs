@@ -27,6 +27,7 @@ pub use compiled::{
 pub use decide::{Context, Decision, GiveUpReason, Policy, decide};
 pub use duration::{KubeDuration, format_millis};
 pub use resolve::{Disposition, FieldError, ResolvedPolicy, resolve};
+pub use retry_budget::{Scheduler, SlotShare};
 pub use simulate::{BudgetSimulation, Simulation, simulate, simulate_budget};
 pub use spec::{RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 

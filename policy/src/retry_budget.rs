@@ -130,6 +130,64 @@ impl std::fmt::Display for RetryBudget {
     }
 }
 
+/// Which slots this sidecar may book: slot `k` is booked only by member `k % members`.
+///
+/// Members of one budget (sidecars serving the same policy in a namespace, in one stable
+/// order) each hold a different `member` of the same `members`, so no two ever book the
+/// same slot and together they schedule at most `burst` per slot without exchanging a
+/// word per retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SlotShare {
+    pub member: u32,
+    pub members: u32,
+}
+
+impl SlotShare {
+    /// The whole budget: member 0 of 1 (file mode, or a fleet of one).
+    pub const WHOLE: SlotShare = SlotShare {
+        member: 0,
+        members: 1,
+    };
+
+    /// `member` of `members`, or `None` unless `members >= 1` and `member < members`.
+    pub fn new(member: u32, members: u32) -> Option<Self> {
+        (member < members).then_some(Self { member, members })
+    }
+
+    /// Whether this member may book `slot`.
+    pub fn owns(&self, slot: u64) -> bool {
+        let members = u64::from(self.members.max(1));
+        slot % members == u64::from(self.member) % members
+    }
+
+    /// The first slot at or after `slot` that this member owns (`u64::MAX` when none is
+    /// representable).
+    pub fn next_owned(&self, slot: u64) -> u64 {
+        let members = u64::from(self.members.max(1));
+        let member = u64::from(self.member) % members;
+        let rem = slot % members;
+        let ahead = (member + members - rem) % members;
+        slot.checked_add(ahead).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for SlotShare {
+    fn default() -> Self {
+        Self::WHOLE
+    }
+}
+
+/// `member 2 of 6`, or `whole` for [`SlotShare::WHOLE`].
+impl std::fmt::Display for SlotShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if *self == Self::WHOLE {
+            f.write_str("whole")
+        } else {
+            write!(f, "member {} of {}", self.member, self.members)
+        }
+    }
+}
+
 /// Who asks: a repeated question for the same failure is recognised by these.
 #[derive(Clone, Copy, Debug)]
 pub struct Ask<'a> {
@@ -162,6 +220,9 @@ pub struct Scheduler {
     budget: RetryBudget,
     slots: Slots,
     memo: Memo,
+    /// Slots before it have been forgotten: never booked again, whatever time a late
+    /// caller says it is (forgetting is monotonic).
+    forgotten_before: u64,
 }
 
 impl Scheduler {
@@ -175,11 +236,30 @@ impl Scheduler {
             budget,
             slots: Slots::new(budget.burst, runs.max(1)),
             memo: Memo::new(memo),
+            forgotten_before: 0,
         }
     }
 
     pub fn budget(&self) -> RetryBudget {
         self.budget
+    }
+
+    /// Which slots new bookings may take; [`SlotShare::WHOLE`] until set.
+    pub fn share(&self) -> SlotShare {
+        self.slots.share
+    }
+
+    /// Changes the slots new bookings may take. Bookings already made stay where they
+    /// are, and every slot up to the end of the last run booked under an earlier share
+    /// counts as full (a slot this member did not own then may hold another member's
+    /// bookings), so a change never puts a slot this member already passed over at risk:
+    /// overlap with another member is only possible past this member's furthest booking.
+    pub fn set_share(&mut self, share: SlotShare) {
+        let share = SlotShare::new(share.member, share.members).unwrap_or(SlotShare::WHOLE);
+        if share != self.slots.share {
+            self.slots.seal();
+            self.slots.share = share;
+        }
     }
 
     /// Runs of booked slots held now (for the memory bound).
@@ -224,14 +304,16 @@ impl Scheduler {
 
     fn book(&mut self, policy: &ResolvedPolicy, delay_ms: u64, ask: &Ask<'_>) -> Budgeted {
         let now = ask.now_ms;
-        self.slots.forget_before(self.budget.slot_of(now));
+        self.forgotten_before = self.forgotten_before.max(self.budget.slot_of(now));
+        self.slots.forget_before(self.forgotten_before);
         let wanted = now.saturating_add(delay_ms);
-        let first = self.budget.slot_of(wanted);
+        // A caller whose clock lags another's may not book a slot already forgotten.
+        let first = self.budget.slot_of(wanted).max(self.forgotten_before);
         let slot = self.slots.find_free(first);
         // Past the last representable millisecond (or the last slot number, which has no
         // end to book up to): past the horizon.
         let slot_past_horizon = slot == u64::MAX || slot > self.budget.slot_of(u64::MAX);
-        let at = if slot == first {
+        let at = if slot == self.budget.slot_of(wanted) {
             wanted
         } else {
             self.budget.slot_start(slot)
@@ -282,9 +364,13 @@ struct Run {
     fill: u32,
 }
 
+/// With a share other than the whole, a run also covers the slots of other members between
+/// this member's booked ones (they are "not ours", which books the same as full), so a
+/// member's bookings still compress into runs.
 #[derive(Debug)]
 struct Slots {
     burst: u32,
+    share: SlotShare,
     max_runs: usize,
     /// Keyed by the run's first slot.
     runs: BTreeMap<u64, Run>,
@@ -294,9 +380,23 @@ impl Slots {
     fn new(burst: u32, max_runs: usize) -> Self {
         Self {
             burst,
+            share: SlotShare::WHOLE,
             max_runs,
             runs: BTreeMap::new(),
         }
+    }
+
+    /// Before a change of share: the partial last slot of every run counts as full, so
+    /// each run covers only slots booked or passed over under the old share.
+    fn seal(&mut self) {
+        for run in self.runs.values_mut() {
+            run.fill = self.burst;
+        }
+    }
+
+    /// Whether `[from, to)` holds no slot this member owns.
+    fn none_owned(&self, from: u64, to: u64) -> bool {
+        self.share.next_owned(from) >= to
     }
 
     /// Forgets runs that ended before slot `now`.
@@ -309,18 +409,23 @@ impl Slots {
         }
     }
 
-    /// The first slot at or after `slot` with room.
+    /// The first slot at or after `slot` that this member owns and has room.
     fn find_free(&self, slot: u64) -> u64 {
-        match self.runs.range(..=slot).next_back() {
-            Some((_, run)) if slot < run.end => {
-                if run.fill < self.burst {
-                    run.end - 1
-                } else {
-                    run.end
+        let mut slot = self.share.next_owned(slot);
+        // Each turn moves past one run, so this ends within the number of runs.
+        while slot != u64::MAX {
+            match self.runs.range(..=slot).next_back() {
+                Some((_, run)) if slot < run.end => {
+                    // A partial last slot was booked under the current share: it is ours.
+                    if run.fill < self.burst {
+                        return run.end - 1;
+                    }
+                    slot = self.share.next_owned(run.end);
                 }
+                _ => return slot,
             }
-            _ => slot,
         }
+        slot
     }
 
     /// Takes one place in `slot`, which [`Self::find_free`] returned.
@@ -333,8 +438,11 @@ impl Slots {
                 self.set(start, run.end, run.fill + 1);
                 start
             }
-            // Right after a run whose last slot is full: the run grows.
-            Some((start, run)) if slot == run.end && run.fill == burst => {
+            // Right after a run whose last slot is full, with no slot of ours between: the
+            // run grows.
+            Some((start, run))
+                if slot >= run.end && run.fill == burst && self.none_owned(run.end, slot) =>
+            {
                 self.set(start, slot.saturating_add(1), 1);
                 start
             }
@@ -412,7 +520,13 @@ impl Slots {
         if run.fill < self.burst {
             return;
         }
-        if let Some(next) = self.runs.remove(&run.end)
+        let Some((&next_start, _)) = self.runs.range(run.end..).next() else {
+            return;
+        };
+        if !self.none_owned(run.end, next_start) {
+            return;
+        }
+        if let Some(next) = self.runs.remove(&next_start)
             && let Some(r) = self.runs.get_mut(&start)
         {
             *r = next;

@@ -471,3 +471,153 @@ fn extreme_inputs_do_not_panic() {
         let _ = b.to_string();
     }
 }
+
+/// A late caller (its clock read before another thread's, its call after) may not book a
+/// slot the scheduler already forgot: that slot may be full.
+#[test]
+fn a_late_caller_cannot_rebook_a_forgotten_slot() {
+    let b = budget(10, 1); // 100 ms slots
+    let mut s = Scheduler::new(b);
+    let p = policy(None);
+    assert_eq!(delay(&s.apply(&p, retry(0), &ask("a", 1_000))), 0); // slot 10, now full
+    // A caller at 1 250 ms forgets slots before 12.
+    assert_eq!(delay(&s.apply(&p, retry(0), &ask("b", 1_250))), 0);
+    // A caller that read 1 000 ms before the one above but arrives after it.
+    let late = s.apply(&p, retry(0), &ask("c", 1_000));
+    let slot = b.slot_of(1_000 + delay(&late));
+    assert!(
+        slot >= 12,
+        "late caller booked slot {slot}, which was forgotten (full)"
+    );
+    assert!(late.stretched);
+}
+
+#[test]
+fn slot_share_owns_every_nth_slot() {
+    assert!(SlotShare::WHOLE.owns(0) && SlotShare::WHOLE.owns(7));
+    let s = SlotShare::new(2, 6).expect("valid");
+    assert!(s.owns(2) && s.owns(8) && !s.owns(3));
+    assert_eq!(
+        (s.next_owned(0), s.next_owned(2), s.next_owned(3)),
+        (2, 2, 8)
+    );
+    assert_eq!(SlotShare::new(6, 6), None);
+    assert_eq!(SlotShare::new(0, 0), None);
+    assert_eq!(SlotShare::default(), SlotShare::WHOLE);
+    assert_eq!(s.to_string(), "member 2 of 6");
+    assert_eq!(SlotShare::new(0, 1).unwrap().next_owned(u64::MAX), u64::MAX);
+    let last = SlotShare::new(5, 6).unwrap();
+    assert_eq!(last.next_owned(u64::MAX - 1), u64::MAX);
+}
+
+/// `members` schedulers, member i with share i of `members`, one storm spread unevenly
+/// over them (member 0 gets half); returns (run time ms, scheduler) per admitted retry.
+fn fleet_storm(seed: u64, b: RetryBudget, members: u32, jobs: usize) -> Vec<(u64, u32)> {
+    let mut rng = Rng(seed);
+    let mut fleet: Vec<Scheduler> = (0..members)
+        .map(|i| {
+            let mut s = Scheduler::new(b);
+            s.set_share(SlotShare::new(i, members).expect("valid"));
+            s
+        })
+        .collect();
+    let p = policy(None);
+    let mut now = 1_700_000_000_000 + rng.below(1_000);
+    let mut runs = Vec::new();
+    for i in 0..jobs {
+        now += rng.below(3);
+        let member = if rng.below(2) == 0 {
+            0
+        } else {
+            rng.below(u64::from(members)) as u32
+        };
+        let wanted = rng.below(5_000);
+        let job = format!("{seed}-{i}");
+        let answer = fleet[member as usize].apply(&p, retry(wanted), &ask(&job, now));
+        let d = delay(&answer);
+        assert!(d >= wanted, "seed {seed}: earlier than asked");
+        runs.push((now + d, member));
+    }
+    runs
+}
+
+/// The fleet guarantee: N schedulers with shares 0..N of one budget never schedule more
+/// than `burst` in a slot together, nor `rate + burst` in any 1 s window.
+#[test]
+fn shares_of_one_budget_hold_it_together() {
+    for seed in 0..24u64 {
+        let mut rng = Rng(seed ^ 0xf1ee7);
+        let rate: u32 = [10, 100, 250, 1_000, 5_000][rng.below(5) as usize];
+        let burst = (rate.div_ceil(1000) + rng.below(10) as u32).min(60 * rate);
+        let members = 1 + rng.below(8) as u32;
+        let b = budget(rate, burst);
+        assert_eq!(b.check(), Ok(()));
+        let runs = fleet_storm(seed, b, members, 4_000);
+        let mut per_slot: HashMap<u64, (u32, u32)> = HashMap::new();
+        for &(at, member) in &runs {
+            let slot = b.slot_of(at);
+            let e = per_slot.entry(slot).or_insert((0, member));
+            e.0 += 1;
+            assert_eq!(
+                e.1, member,
+                "seed {seed}: slot {slot} booked by two members"
+            );
+            assert!(SlotShare::new(member, members).unwrap().owns(slot));
+        }
+        assert!(per_slot.values().all(|&(n, _)| n <= burst), "seed {seed}");
+        let mut times: Vec<u64> = runs.iter().map(|r| r.0).collect();
+        times.sort_unstable();
+        let limit = (rate + burst) as usize;
+        for (i, &t) in times.iter().enumerate() {
+            let in_window = times[i..].partition_point(|&u| u < t + 1_000);
+            assert!(
+                in_window <= limit,
+                "seed {seed}: {in_window} in 1 s from {t}"
+            );
+        }
+    }
+}
+
+/// One member holding all the failures still books only its own slots: 1/N of the rate.
+#[test]
+fn a_share_books_only_its_slots_and_still_compresses() {
+    let b = budget(100, 10); // 100 ms slots
+    let mut s = Scheduler::new(b);
+    s.set_share(SlotShare::new(1, 4).expect("valid"));
+    let p = policy(None);
+    let now = 1_000_000;
+    let mut last = 0;
+    for i in 0..400 {
+        let d = delay(&s.apply(&p, retry(0), &ask(&i.to_string(), now)));
+        let slot = b.slot_of(now + d);
+        assert_eq!(slot % 4, 1);
+        last = slot;
+    }
+    // 40 full slots of ours, every fourth: 160 slots from the first.
+    assert_eq!(last, b.slot_of(now) + 1 + 39 * 4);
+    assert_eq!(s.runs(), 1, "not-ours slots between ours join one run");
+}
+
+/// A change of share never books a slot this member passed over under the old one (it may
+/// hold another member's bookings), and books only slots of the new share afterwards.
+#[test]
+fn a_new_share_keeps_clear_of_the_old_partition_below_the_old_book() {
+    let b = budget(100, 10); // 100 ms slots
+    let p = policy(None);
+    let now = 1_000_000;
+    let first = b.slot_of(now);
+    let mut s = Scheduler::new(b);
+    s.set_share(SlotShare::new(0, 2).expect("valid"));
+    for i in 0..50 {
+        s.apply(&p, retry(0), &ask(&format!("a{i}"), now)); // 5 full slots: first + 0,2,..,8
+    }
+    // A partial slot: 5 more in the next slot of ours.
+    for i in 0..5 {
+        s.apply(&p, retry(0), &ask(&format!("b{i}"), now));
+    }
+    s.set_share(SlotShare::new(1, 3).expect("valid"));
+    let d = delay(&s.apply(&p, retry(0), &ask("c", now)));
+    let slot = b.slot_of(now + d);
+    assert!(slot > first + 10, "slot {slot} lies under the old book");
+    assert!(SlotShare::new(1, 3).unwrap().owns(slot));
+}

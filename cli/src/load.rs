@@ -1,6 +1,6 @@
-//! Where policies come from: manifests (`-f`) or a cluster, reached like kubectl does
-//! (`--kubeconfig`, else `KUBECONFIG`, else `~/.kube/config`, else in-cluster; `--context`;
-//! the context's namespace unless `-n`).
+//! Loading a namespace's policies: from manifests (`-f`) or from a cluster, reached like
+//! kubectl does (`--kubeconfig`, else `KUBECONFIG`, else `~/.kube/config`, else in-cluster;
+//! `--context`; the context's namespace unless `-n`).
 
 use std::path::PathBuf;
 
@@ -18,7 +18,8 @@ use rebound_policy::{
 };
 
 use crate::{
-    Findings, Inputs,
+    Findings,
+    args::Inputs,
     input::{self, Parsed},
 };
 
@@ -148,7 +149,11 @@ pub async fn compiled_document(
 }
 
 /// The namespace's policies from the files, or from the cluster (with its ConfigMap).
-pub fn load(args: &ClusterArgs, inputs: &Inputs, namespace: Option<String>) -> Result<Namespace> {
+pub fn namespace(
+    args: &ClusterArgs,
+    inputs: &Inputs,
+    namespace: Option<String>,
+) -> Result<Namespace> {
     if !inputs.files.is_empty() {
         let default_ns = namespace.clone().unwrap_or_else(|| "default".to_owned());
         let policies = from_files(inputs, &default_ns)?;

@@ -167,7 +167,7 @@ impl SlotShare {
         let member = u64::from(self.member) % members;
         let rem = slot % members;
         let ahead = (member + members - rem) % members;
-        slot.checked_add(ahead).unwrap_or(u64::MAX)
+        slot.saturating_add(ahead)
     }
 }
 

@@ -13,6 +13,7 @@ use rebound_policy::{
 };
 
 use crate::{
+    metrics::Outcome,
     pb::{EncodedBound, count_field, server as wire, v1 as pb},
     retry_budgets::Budgets,
 };
@@ -121,20 +122,10 @@ impl From<RequestError> for tonic::Status {
     }
 }
 
-/// What happened to one request, for the metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Retry,
-    GiveUpMaxAttempts,
-    GiveUpDeadline,
-    GiveUpNonRetryable,
-    NotFound,
-    InvalidArgument,
-}
-
-impl Outcome {
-    pub fn of_error(e: &RequestError) -> Self {
-        match e {
+impl RequestError {
+    /// How the metrics count a request that failed this way.
+    pub fn outcome(&self) -> Outcome {
+        match self {
             RequestError::InvalidArgument(_) => Outcome::InvalidArgument,
             RequestError::NotFound(_) => Outcome::NotFound,
         }
@@ -386,7 +377,7 @@ pub fn decide_batch(
                     pb::decide_result::Result::Decision(response)
                 }
                 Err(e) => {
-                    count(Outcome::of_error(&e));
+                    count(e.outcome());
                     pb::decide_result::Result::Error(pb::ItemError {
                         code: e.code() as u32,
                         message: e.to_string(),

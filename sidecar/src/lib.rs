@@ -4,26 +4,26 @@
 //!
 //! Layout, from the wire inwards:
 //! - [`server`] binds the listeners and serves the advisor, health, reflection and metrics;
-//! - [`budget`] bounds the request bytes all of a server's calls hold at once;
+//! - [`body_limit`] bounds the request bytes all of a server's calls hold at once;
 //! - [`service`] is the thin tonic adapter around [`answer`];
 //! - [`answer`] turns requests into `decide` calls and answers: pure, fuzzed, no I/O;
 //! - [`retry_budgets`] holds each budgeted policy's retry-budget scheduler across reloads;
-//! - [`config`] holds the current configuration and swaps it atomically;
+//! - [`store`] holds the current configuration and swaps it atomically;
 //! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones;
 //! - [`client`] opens channels to a sidecar over TCP or its Unix socket;
 //! - `testkit` (feature `testkit`, on only for the tests, the load benchmark and the fuzz
 //!   targets) generates policy tables and reproduces kubelet's volume updates.
 
 pub mod answer;
-pub mod budget;
+pub mod body_limit;
 pub mod client;
-pub mod config;
 pub mod metrics;
 pub mod pb;
 pub mod retry_budgets;
 pub mod server;
 pub mod service;
 pub mod source;
+pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

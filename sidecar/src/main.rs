@@ -6,11 +6,11 @@ use anyhow::{Context, Result, bail};
 use clap::{ArgGroup, Parser};
 use rebound_policy::{KubeDuration, compiled::CONFIGMAP_KEY};
 use rebound_sidecar::{
-    config::Store,
     metrics::Metrics,
     server::{self, ListenConfig, Listeners},
     service::Clock,
     source::files::FileSource,
+    store::Store,
 };
 
 /// Serves RetryPolicy decisions to job workers over gRPC.
@@ -97,7 +97,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    rebound_sidecar::config::tune_allocator();
+    rebound_sidecar::store::tune_allocator();
     let args = Args::parse();
     init_logging(&args.log_format);
     let runtime = if args.worker_threads <= 1 {

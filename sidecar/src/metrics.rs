@@ -17,8 +17,6 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::answer::Outcome;
-
 /// Which configuration the sidecar answers from; what tells "the policies were removed"
 /// from "the configuration is broken".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +78,17 @@ impl EncodeLabelValue for LabelText {
         }
         Ok(())
     }
+}
+
+/// What happened to one request, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Retry,
+    GiveUpMaxAttempts,
+    GiveUpDeadline,
+    GiveUpNonRetryable,
+    NotFound,
+    InvalidArgument,
 }
 
 /// Every metric the sidecar exports, through the Prometheus client library the operator

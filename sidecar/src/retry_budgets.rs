@@ -1,7 +1,6 @@
 //! Per-policy retry-budget schedulers ([`rebound_policy::retry_budget`]), held next to the
 //! loaded configuration and carried over when a reload leaves a policy's budget as it
 //! was, so a reload in the middle of a storm does not forget the retries already booked.
-//! (Not to be confused with [`crate::budget`], which bounds request bytes.)
 
 use std::{
     collections::HashMap,

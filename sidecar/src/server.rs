@@ -29,14 +29,14 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     answer::MAX_REQUEST_BYTES,
-    budget::BodyBudget,
-    config::Store,
+    body_limit::BodyLimit,
     pb::{self, server::retry_advisor_server::RetryAdvisorServer},
     service::{Advisor, Clock},
+    store::Store,
 };
 
 /// Concurrent calls per HTTP/2 connection (more queue at the client); what they buffer
-/// together is bounded by the server's [`BodyBudget`].
+/// together is bounded by the server's [`BodyLimit`].
 pub const MAX_CONCURRENT_STREAMS: u32 = 32;
 /// A call (body included) that takes longer is cut off: real ones take microseconds, and a
 /// half-sent message must not hold its buffer for ever.
@@ -58,7 +58,7 @@ pub const MAX_ADMIN_CONNECTIONS: usize = 16;
 const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Health and reflection requests are tiny; refuse anything larger.
 const MAX_SMALL_REQUEST_BYTES: usize = 16 * 1024;
-/// Request bytes all calls on the gRPC listeners may hold at once (see [`BodyBudget`]):
+/// Request bytes all calls on the gRPC listeners may hold at once (see [`BodyLimit`]):
 /// eight largest batches; a worker's calls are a few hundred bytes each.
 pub const GRPC_REQUEST_BYTES_IN_FLIGHT: usize = 4 * 1024 * 1024;
 /// The same for the admin port, whose health requests are a few bytes.
@@ -256,7 +256,7 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let grpc_budget = BodyBudget::new(GRPC_REQUEST_BYTES_IN_FLIGHT);
+    let grpc_budget = BodyLimit::new(GRPC_REQUEST_BYTES_IN_FLIGHT);
     let grpc = || {
         hardened(Server::builder())
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
@@ -304,7 +304,7 @@ pub async fn serve(
         let server = hardened(Server::builder())
             .accept_http1(true)
             .max_concurrent_streams(16)
-            .layer(budgeted(BodyBudget::new(ADMIN_REQUEST_BYTES_IN_FLIGHT)))
+            .layer(budgeted(BodyLimit::new(ADMIN_REQUEST_BYTES_IN_FLIGHT)))
             .add_routes(Routes::from(router))
             .serve_with_incoming_shutdown(incoming, stopped());
         servers.spawn(async move { ("admin", server.await) });
@@ -428,7 +428,7 @@ fn capped<IO>(
 
 /// Counts every request body of a server against `budget`.
 fn budgeted(
-    budget: BodyBudget,
+    budget: BodyLimit,
 ) -> tower::util::MapRequestLayer<
     impl Fn(http::Request<tonic::body::Body>) -> http::Request<tonic::body::Body> + Clone,
 > {

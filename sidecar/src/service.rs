@@ -6,12 +6,12 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     answer::Snapshot,
-    answer::{self, Outcome},
-    config::Store,
+    answer::{self},
     pb::{
         server::{self as wire, retry_advisor_server::RetryAdvisor},
         v1 as pb,
     },
+    store::Store,
 };
 
 /// Where "now" comes from when enforcing maxRetryDuration; tests pin it.
@@ -61,7 +61,7 @@ impl RetryAdvisor for Advisor {
                     Ok(Response::new(response))
                 }
                 Err(e) => {
-                    metrics.count(Outcome::of_error(&e));
+                    metrics.count(e.outcome());
                     Err(e.into())
                 }
             }
@@ -79,7 +79,7 @@ impl RetryAdvisor for Advisor {
             let answered = answer::decide_batch(cfg, request.get_ref(), now, |o| metrics.count(o));
             metrics.decided_batch(started.elapsed());
             answered.map(Response::new).map_err(|e| {
-                metrics.count(Outcome::of_error(&e));
+                metrics.count(e.outcome());
                 e.into()
             })
         })

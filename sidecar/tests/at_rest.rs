@@ -12,7 +12,7 @@ use std::{
 };
 
 use common::eventually;
-use rebound_sidecar::{config::Store, source::files::FileSource, testkit::AtomicWriter};
+use rebound_sidecar::{source::files::FileSource, store::Store, testkit::AtomicWriter};
 
 const WAIT: Duration = Duration::from_secs(10);
 /// Long enough for dozens of polls and, before the fix, hundreds of self-inflicted reloads.

@@ -9,9 +9,9 @@ use std::{path::Path, sync::Arc, time::Duration};
 
 use common::{NOT_SERVING, SERVING, eventually, health_status};
 use rebound_sidecar::{
-    config::Store,
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     source::files::FileSource,
+    store::Store,
     testkit::{self, AtomicWriter},
 };
 use tonic::transport::Channel;

@@ -13,8 +13,8 @@ use rebound_policy::{
     CompiledDocument, Context, Decision, PolicyTable, decide, retry_budget::RetryBudget,
 };
 use rebound_sidecar::{
-    config::{Store, compile_manifests},
     pb::v1::{self as pb, decide_result, retry_advisor_client::RetryAdvisorClient},
+    store::{Store, compile_manifests},
 };
 use tonic::transport::Channel;
 

@@ -4,16 +4,16 @@
 //! structurally valid input is also re-stamped with its hash and run through the full
 //! checks, which reaches the per-policy invariants and `decide` on whatever passes them.
 use rebound_policy::CompiledDocument;
-use rebound_sidecar::{answer, config, pb::server as wire};
+use rebound_sidecar::{answer, pb::server as wire, store};
 
 /// One input: never panics; an accepted document behaves.
 pub fn run(data: &[u8]) {
-    if let Ok(doc) = config::parse_compiled(data, "fuzz") {
+    if let Ok(doc) = store::parse_compiled(data, "fuzz") {
         exercise(&doc);
     }
     if let Ok(raw) = serde_json::from_slice::<CompiledDocument>(data) {
         let stamped = CompiledDocument::new(raw.namespace, raw.policies).to_json();
-        if let Ok(doc) = config::parse_compiled(stamped.as_bytes(), "fuzz") {
+        if let Ok(doc) = store::parse_compiled(stamped.as_bytes(), "fuzz") {
             exercise(&doc);
         }
     }

@@ -3,7 +3,7 @@
 //! queue it names within the answering policy's cap.
 
 use rebound_policy::CompiledDocument;
-use rebound_sidecar::{answer, config, pb::server as wire};
+use rebound_sidecar::{answer, pb::server as wire, store};
 
 /// One input: never panics; an accepted set of manifests behaves.
 pub fn run(data: &[u8]) {
@@ -11,7 +11,7 @@ pub fn run(data: &[u8]) {
         return;
     };
     let files = [(std::path::PathBuf::from("fuzz.yaml"), text.to_owned())];
-    let Ok(doc) = config::compile_manifests(&files, "fuzz") else {
+    let Ok(doc) = store::compile_manifests(&files, "fuzz") else {
         return;
     };
     let again = CompiledDocument::from_json(doc.to_json().as_bytes())

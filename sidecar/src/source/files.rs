@@ -27,7 +27,7 @@ use notify::{
 };
 use rebound_policy::CompiledDocument;
 
-use crate::config::{self, LoadError, Store};
+use crate::store::{self, LoadError, Store};
 
 /// Quiet time that ends a burst of file events (kubelet's swap is five events).
 const DEBOUNCE: Duration = Duration::from_millis(10);
@@ -201,7 +201,7 @@ impl Loop {
 
     fn reload(&mut self) {
         if self.loader.reload() {
-            config::release_freed_memory();
+            store::release_freed_memory();
         }
     }
 
@@ -350,7 +350,7 @@ impl Loader {
         self.store.metrics().read_input();
         self.paths()
             .iter()
-            .map(|p| Ok((p.clone(), config::read_bounded(p)?)))
+            .map(|p| Ok((p.clone(), store::read_bounded(p)?)))
             .collect()
     }
 
@@ -358,7 +358,7 @@ impl Loader {
         match &self.kind {
             FileKind::Compiled { .. } => {
                 let bytes = inputs.first().map_or(&[][..], |(_, b)| b.as_slice());
-                config::parse_compiled(bytes, &self.origin)
+                store::parse_compiled(bytes, &self.origin)
             }
             FileKind::Manifests { namespace, .. } => {
                 let texts = inputs
@@ -372,7 +372,7 @@ impl Loader {
                             })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                config::compile_manifests(&texts, namespace)
+                store::compile_manifests(&texts, namespace)
             }
         }
     }

@@ -15,7 +15,7 @@ use kube::{
 };
 use rebound_policy::compiled::CONFIGMAP_KEY;
 
-use crate::config::{self, LoadError, Store};
+use crate::store::{self, LoadError, Store};
 
 /// `namespace/name` of the ConfigMap to watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,10 +163,10 @@ impl ConfigMapSource {
                     let bytes = bytes.to_vec();
                     let (store2, origin2) = (Arc::clone(&store), origin.clone());
                     let parsed = tokio::task::spawn_blocking(move || {
-                        let result = config::parse_compiled(&bytes, &origin2)
+                        let result = store::parse_compiled(&bytes, &origin2)
                             .map(|doc| store2.install(&doc, &origin2, started));
                         drop(bytes);
-                        config::release_freed_memory();
+                        store::release_freed_memory();
                         result
                     })
                     .await;

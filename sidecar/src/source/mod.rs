@@ -1,5 +1,5 @@
 //! Where configurations come from. Every source hands checked documents to
-//! [`crate::config::Store::install`] and failures to [`crate::config::Store::reject`].
+//! [`crate::store::Store::install`] and failures to [`crate::store::Store::reject`].
 
 pub mod files;
 #[cfg(feature = "kubernetes")]

@@ -4,11 +4,11 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use rebound_sidecar::{
-    config::Store,
     metrics::Metrics,
     pb::v1::retry_advisor_client::RetryAdvisorClient,
     server::{self, ListenConfig, Listeners, ServeError},
     service::Clock,
+    store::Store,
 };
 use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::transport::Channel;

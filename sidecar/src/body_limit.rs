@@ -21,12 +21,12 @@ use http_body::{Body, Frame, SizeHint};
 
 /// The shared count of request bytes held by the calls of one server.
 #[derive(Clone, Debug)]
-pub struct BodyBudget {
+pub struct BodyLimit {
     limit: usize,
     held: Arc<AtomicUsize>,
 }
 
-impl BodyBudget {
+impl BodyLimit {
     pub fn new(limit: usize) -> Self {
         Self {
             limit,
@@ -50,7 +50,7 @@ impl BodyBudget {
     ) -> http::Request<tonic::body::Body> {
         let budget = self.clone();
         request.map(|inner| {
-            tonic::body::Body::new(Budgeted {
+            tonic::body::Body::new(CountedBody {
                 inner,
                 budget,
                 taken: 0,
@@ -67,21 +67,21 @@ impl BodyBudget {
     }
 }
 
-/// A request body whose data frames are counted against a [`BodyBudget`].
-struct Budgeted {
+/// A request body whose data frames are counted against a [`BodyLimit`].
+struct CountedBody {
     inner: tonic::body::Body,
-    budget: BodyBudget,
+    budget: BodyLimit,
     /// Bytes this body has taken from the budget so far.
     taken: usize,
 }
 
-impl Drop for Budgeted {
+impl Drop for CountedBody {
     fn drop(&mut self) {
         self.budget.held.fetch_sub(self.taken, Ordering::AcqRel);
     }
 }
 
-impl Body for Budgeted {
+impl Body for CountedBody {
     type Data = Bytes;
     type Error = tonic::Status;
 
@@ -130,7 +130,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_past_the_budget_fails_and_a_dropped_one_gives_its_bytes_back() {
-        let budget = BodyBudget::new(10);
+        let budget = BodyLimit::new(10);
         let mut first = budget.wrap(request(8)).into_body();
         let frame = first
             .frame()

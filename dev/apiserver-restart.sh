@@ -8,6 +8,8 @@
 # --stop-only stops the API server and returns; `dev/cluster-up.sh STATE_DIR` (or this
 # script without --stop-only) starts it again on the same port.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 cp_script_name=apiserver-restart
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
@@ -18,7 +20,7 @@ for arg in "$@"; do
   case "$arg" in
     --stop-only) stop_only=1 ;;
     -h | --help)
-      sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      usage_from_header "${BASH_SOURCE[0]}"
       exit 0
       ;;
     -*) cp_die "unknown option '$arg'" ;;

@@ -18,42 +18,22 @@
 set -euo pipefail
 
 helm_version="${REBOUND_HELM_VERSION:-v4.3.2}"
+cb_name=build-helm
+# shellcheck source-path=SCRIPTDIR source=lib/cached-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cached-build.sh"
+cb_parse_flags "$@"
 
-print_only=0
-force=0
-for arg in "$@"; do
-  case "$arg" in
-    --print-bin-dir) print_only=1 ;;
-    --force) force=1 ;;
-    -h | --help)
-      sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-      exit 0
-      ;;
-    *)
-      echo "error: unknown argument '$arg' (try --help)" >&2
-      exit 2
-      ;;
-  esac
-done
-
-die() {
-  echo "error: $*" >&2
-  exit 1
-}
-log() { echo "build-helm: $*" >&2; }
-
-[[ "$helm_version" =~ ^v4\.[0-9]+\.[0-9]+$ ]] || die "REBOUND_HELM_VERSION must look like v4.X.Y (got '$helm_version')"
+[[ "$helm_version" =~ ^v4\.[0-9]+\.[0-9]+$ ]] || cb_die "REBOUND_HELM_VERSION must look like v4.X.Y (got '$helm_version')"
 
 cache_root="${REBOUND_CACHE:-${HOME:?HOME is not set}/.cache/rebound}"
 version_dir="$cache_root/tools/helm/$helm_version"
-bin_dir="$version_dir/bin"
 
-if ((print_only)); then
-  echo "$bin_dir"
+if ((cb_print_only)); then
+  echo "$version_dir/bin"
   exit 0
 fi
 
-command -v go >/dev/null || die "go is not on PATH (needed to build helm)"
+command -v go >/dev/null || cb_die "go is not on PATH (needed to build helm)"
 
 export CGO_ENABLED=0 GOWORK=off GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false"
 go_version="$(go env GOVERSION)"
@@ -62,40 +42,14 @@ jobs="${REBOUND_GO_BUILD_P:-$(nproc 2>/dev/null || echo 2)}"
 ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
 stamp="$(echo "helm=$helm_version go=$go_version ldflags=$ldflags" | sha256sum | cut -d' ' -f1)"
 
-up_to_date() {
-  [[ -f "$version_dir/stamp" && "$(cat "$version_dir/stamp")" == "$stamp" && -x "$bin_dir/helm" ]]
+build() {
+  local out="$1"
+  cb_log "building helm $helm_version with $go_version (-p $jobs); a cold build takes a few minutes"
+  GOBIN="$out" go install -p "$jobs" -trimpath -ldflags "$ldflags" \
+    "helm.sh/helm/v4/cmd/helm@$helm_version" || cb_die "building helm $helm_version failed"
+  local got
+  got="$("$out/helm" version --template '{{.Version}}' 2>&1 || true)"
+  [[ "$got" == "$helm_version" ]] || cb_die "helm version says '$got', expected $helm_version"
 }
 
-mkdir -p "$version_dir"
-# One build at a time per version.
-exec 9>"$version_dir/.lock"
-flock 9
-
-if ((force == 0)) && up_to_date; then
-  log "up to date: helm $helm_version"
-  echo "$bin_dir"
-  exit 0
-fi
-
-log "building helm $helm_version with $go_version (-p $jobs); a cold build takes a few minutes"
-start=$SECONDS
-tmp_bin="$(mktemp -d "$version_dir/bin.tmp.XXXXXX")"
-chmod 755 "$tmp_bin"
-# Nothing reuses the compiler cache once the binary is cached.
-go_cache="$(mktemp -d "$version_dir/gocache.tmp.XXXXXX")"
-export GOCACHE="$go_cache"
-trap 'rm -rf "$tmp_bin" "$go_cache"' EXIT
-
-GOBIN="$tmp_bin" go install -p "$jobs" -trimpath -ldflags "$ldflags" \
-  "helm.sh/helm/v4/cmd/helm@$helm_version" || die "building helm $helm_version failed"
-[[ -x "$tmp_bin/helm" ]] || die "the build did not produce helm"
-got="$("$tmp_bin/helm" version --template '{{.Version}}' 2>&1 || true)"
-[[ "$got" == "$helm_version" ]] || die "helm version says '$got', expected $helm_version"
-
-rm -rf "$bin_dir"
-mv "$tmp_bin" "$bin_dir"
-rm -rf "$go_cache"
-trap - EXIT
-echo "$stamp" >"$version_dir/stamp"
-log "built in $((SECONDS - start))s: $(du -sh "$bin_dir/helm" | cut -f1)"
-echo "$bin_dir"
+cb_build "$version_dir" "$stamp" "helm $helm_version" build helm

@@ -10,6 +10,8 @@
 # the kubelet's iptables chains and the node's cgroups.
 # --keep-state stops the processes but keeps certificates, data and logs.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 cp_script_name=cluster-down
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
@@ -22,7 +24,7 @@ for arg in "$@"; do
   case "$arg" in
     --keep-state) keep=1 ;;
     -h | --help)
-      sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      usage_from_header "${BASH_SOURCE[0]}"
       exit 0
       ;;
     -*) cp_die "unknown option '$arg'" ;;

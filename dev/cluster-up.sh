@@ -19,6 +19,8 @@
 #   REBOUND_CONTROLPLANE_BIN  dir with kube-apiserver and etcd (default: the
 #                             dev/build-control-plane.sh cache; built if missing)
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 cp_script_name=cluster-up
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
@@ -31,7 +33,7 @@ dir=""
 for arg in "$@"; do
   case "$arg" in
     -h | --help)
-      sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      usage_from_header "${BASH_SOURCE[0]}"
       exit 0
       ;;
     --node) with_node=1 ;;

@@ -9,12 +9,14 @@
 #   dev/mint-user-kubeconfig.sh .state/cluster system:serviceaccount:ns1:rebound-operator \
 #     system:serviceaccounts system:serviceaccounts:ns1 /tmp/operator.kubeconfig
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 cp_script_name=mint-user-kubeconfig
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
 if (($# < 3)); then
-  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  usage_from_header "${BASH_SOURCE[0]}" >&2
   exit 2
 fi
 dir="$1"

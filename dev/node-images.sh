@@ -13,6 +13,8 @@
 # containerd of the node of STATE_DIR (namespace k8s.io), where Pods find them by their
 # exact tag without a registry. The last line printed on stdout is the archives' dir.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { echo "node-images: $*" >&2; }
@@ -31,7 +33,7 @@ while (($#)); do
       shift 2
       ;;
     -h | --help)
-      sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      usage_from_header "${BASH_SOURCE[0]}"
       exit 0
       ;;
     -*) die "unknown option '$1'" ;;

@@ -17,11 +17,13 @@
 # Environment: PG_BIN     the directory of initdb/pg_ctl/postgres (default: newest /usr/lib/postgresql/*/bin)
 #              PG_RUN_AS  the user to run the server as when started by root
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 cp_script_name=postgres
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { usage_from_header "${BASH_SOURCE[0]}"; }
 
 cmd="${1:-}"
 dir="${2:-}"

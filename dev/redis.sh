@@ -11,11 +11,13 @@
 #
 # Environment: REDIS_SERVER  the redis-server binary (default: redis-server on PATH)
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/usage.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 cp_script_name=redis
 # shellcheck source-path=SCRIPTDIR source=lib/controlplane.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/controlplane.sh"
 
-usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { usage_from_header "${BASH_SOURCE[0]}"; }
 
 cmd="${1:-}"
 dir="${2:-}"

@@ -44,6 +44,9 @@ if [[ "${1:-}" == "stop" ]]; then
 fi
 [[ $# -eq 0 ]] || die "unknown argument $1 (usage: dev/demo.sh [stop])"
 
+step "Checking prerequisites (installs missing Debian packages)"
+dev/prerequisites.sh demo
+
 step "Building the control plane (cached after the first run), tools and Rebound"
 bin_dir="$(dev/build-control-plane.sh | tail -n 1)"
 tools_dir="$(dev/install-tools.sh | tail -n 1)"

@@ -13,6 +13,9 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
+# Every Debian package the suite needs, before anything is built (a no-op when installed).
+dev/prerequisites.sh test
+
 state="$repo_root/.state/test-cluster"
 bin_dir="$(dev/build-control-plane.sh | tail -n 1)"
 tools_dir="$(dev/install-tools.sh | tail -n 1)"

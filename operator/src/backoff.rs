@@ -32,7 +32,7 @@ fn exponential(identity: &str, cap_ms: u64) -> Policy {
             jitter: JitterKind::Full,
             jitter_ratio: 0.0,
             schedule_ms: Vec::new(),
-            max_attempts: rebound_policy::spec::limits::MAX_ATTEMPTS,
+            max_attempts: rebound_policy::limits::MAX_ATTEMPTS,
             max_retry_duration_ms: None,
             non_retryable_errors: Vec::new(),
             terminal: Disposition::Drop,

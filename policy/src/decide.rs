@@ -254,7 +254,7 @@ fn delay_for_retry(
 ) -> u64 {
     // Retries beyond the largest maxAttempts never happen; clamping bounds the replay
     // even for a ResolvedPolicy that was built by hand and never checked.
-    let k = k.clamp(1, crate::spec::limits::MAX_ATTEMPTS);
+    let k = k.clamp(1, crate::limits::MAX_ATTEMPTS);
     let cap = p.cap_ms as f64;
     let base = p.base_ms as f64;
     // Durations are at most 8760h, so `remaining` converts exactly.

@@ -12,6 +12,7 @@ pub mod compiled;
 pub mod contention;
 pub mod decide;
 pub mod duration;
+pub mod limits;
 pub mod manifest;
 pub mod pattern;
 pub mod resolve;
@@ -26,7 +27,7 @@ pub use compiled::{
 };
 pub use decide::{Context, Decision, GiveUpReason, Policy, decide};
 pub use duration::{KubeDuration, format_millis};
-pub use resolve::{Disposition, FieldError, ResolvedPolicy, resolve};
+pub use resolve::{Disposition, FieldError, ResolvedPolicy, RetryBudget, resolve};
 pub use retry_budget::{Scheduler, SlotShare};
 pub use simulate::{BudgetSimulation, Simulation, simulate, simulate_budget};
 pub use spec::{RetryPolicy, RetryPolicySpec, RetryPolicyStatus};

@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use rebound_policy::retry_budget::RetryBudget;
+use rebound_policy::resolve::RetryBudget;
 use rebound_sidecar::{
     client,
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},

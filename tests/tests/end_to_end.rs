@@ -219,7 +219,7 @@ async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()>
     let doc = configmap_document(&env)?;
     assert_eq!(
         doc.policies[0].params.retry_budget,
-        Some(rebound_policy::retry_budget::RetryBudget {
+        Some(rebound_policy::resolve::RetryBudget {
             rate_per_second: 1,
             burst: 1
         })

@@ -27,8 +27,9 @@ use rebound_sidecar::{
     client,
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     system_now_ms,
-    testkit::process::{free_port, sidecar_binary, spawn_on_policies_file},
+    testkit::process::{sidecar_binary, spawn_on_policies_file},
 };
+use rebound_test_support::free_port;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 

@@ -19,6 +19,7 @@ pub mod resolve;
 pub mod retry_budget;
 pub mod simulate;
 pub mod spec;
+#[cfg(feature = "vectors")]
 pub mod vectors;
 
 pub use compiled::{

@@ -5,7 +5,7 @@ use super::format::{
     WirePolicy,
 };
 use crate::{
-    decide::{Context, Decision, Draws, GiveUpReason, Policy, Replay, decide, decide_with},
+    decide::{Context, Decision, Draws, GiveUpReason, PreparedPolicy, Replay, decide, decide_with},
     resolve::{Disposition, ResolvedPolicy},
     spec::{JitterKind, Strategy},
 };
@@ -249,7 +249,7 @@ fn deadline_policies() -> Vec<Named> {
 
 /// The answer does not depend on the random draw, so a case without a job id is exact.
 /// Decided from the rules, then checked against many draws.
-fn independent_of_draw(policy: &Policy, attempt: u32, ctx: &Context<'_>) -> bool {
+fn independent_of_draw(policy: &PreparedPolicy, attempt: u32, ctx: &Context<'_>) -> bool {
     let p = policy.params();
     let by_rule = match decide(policy, attempt, ctx) {
         Decision::GiveUp {
@@ -287,7 +287,7 @@ struct Builder {
 impl Builder {
     fn push(&mut self, label: &str, named: &Named, attempt: u32, context: WireContext) {
         let identity = format!("{NAMESPACE}/{}", named.name);
-        let policy = Policy::new(identity.clone(), named.params.clone());
+        let policy = PreparedPolicy::new(identity.clone(), named.params.clone());
         let ctx = context.to_context();
         if ctx.job_id.is_none() && !independent_of_draw(&policy, attempt, &ctx) {
             return;

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
-    decide::{Context, Decision, GiveUpReason, Policy, decide},
+    decide::{Context, Decision, GiveUpReason, PreparedPolicy, decide},
     resolve::{Disposition, ResolvedPolicy},
     spec::{JitterKind, Strategy},
 };
@@ -305,13 +305,13 @@ impl WireAnswer {
 
 impl Case {
     /// The policy bound to its identity, ready for [`decide`].
-    pub fn bound_policy(&self) -> Result<Policy, CaseError> {
+    pub fn bound_policy(&self) -> Result<PreparedPolicy, CaseError> {
         let resolved = self.policy.to_resolved().map_err(|e| CaseError {
             case: self.name.clone(),
             field: e.field,
             message: e.message,
         })?;
-        Ok(Policy::new(self.identity.clone(), resolved))
+        Ok(PreparedPolicy::new(self.identity.clone(), resolved))
     }
 
     /// `decide`'s answer to this case's question, in wire terms.

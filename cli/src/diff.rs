@@ -6,7 +6,7 @@ use std::{fmt::Write as _, path::PathBuf, process::ExitCode};
 
 use anyhow::{Result, anyhow};
 use rebound_policy::{
-    BudgetSimulation, Policy, RetryPolicy, Simulation, contention::ContentionRun,
+    BudgetSimulation, PreparedPolicy, RetryPolicy, Simulation, contention::ContentionRun,
     duration::format_approx, simulate, simulate_budget,
 };
 use serde_json::{Map, Value, json};
@@ -75,7 +75,7 @@ struct Side {
 }
 
 fn side(p: &RetryPolicy, namespace: &str, args: &DiffArgs) -> Result<Side> {
-    let (name, namespace, policy): (String, String, Policy) = policy_of(p, namespace)?;
+    let (name, namespace, policy): (String, String, PreparedPolicy) = policy_of(p, namespace)?;
     Ok(Side {
         queues: p.spec.queues.clone(),
         spec: serde_json::to_value(&p.spec)?,

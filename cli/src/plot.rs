@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context as _, Result, bail};
 use rebound_policy::{
-    Policy, Simulation, contention::ContentionRun, duration::format_approx, simulate,
+    PreparedPolicy, Simulation, contention::ContentionRun, duration::format_approx, simulate,
 };
 
 use crate::{
@@ -86,7 +86,7 @@ pub fn run(cluster: &ClusterArgs, command: &Command) -> Result<ExitCode> {
 /// A policy to draw, with the name its lines carry.
 pub struct Labelled {
     pub label: String,
-    pub policy: Policy,
+    pub policy: PreparedPolicy,
 }
 
 /// The policies the inputs name (`--policy`: these metadata.names, all when none), labelled
@@ -162,7 +162,7 @@ fn write(svg: &str, out: Option<&PathBuf>) -> Result<ExitCode> {
 /// Time from the first failure to giving up for each of `samples` jobs that fail every
 /// run, sorted: the same jobs (draws per sample from `seed`) as [`simulate`], so its
 /// percentiles are this list's.
-pub fn give_up_times(policy: &Policy, samples: u32, seed: u64) -> Vec<u64> {
+pub fn give_up_times(policy: &PreparedPolicy, samples: u32, seed: u64) -> Vec<u64> {
     let mut out: Vec<u64> = (0..samples)
         .map(|sample| simulate::fail_every_run(policy, sample, seed, |_, _| {}).0)
         .collect();

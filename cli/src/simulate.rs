@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use rebound_policy::{Policy, RetryPolicy, resolve, simulate, simulate_budget};
+use rebound_policy::{PreparedPolicy, RetryPolicy, resolve, simulate, simulate_budget};
 
 use crate::{
     Findings,
@@ -48,7 +48,7 @@ pub fn policy_report(
 
 /// The policy's name, namespace and decision input (identity `namespace/name`, which seeds
 /// the jitter as in the cluster), or a finding if its spec is invalid.
-pub fn policy_of(p: &RetryPolicy, namespace: &str) -> Result<(String, String, Policy)> {
+pub fn policy_of(p: &RetryPolicy, namespace: &str) -> Result<(String, String, PreparedPolicy)> {
     let name = p.metadata.name.clone().unwrap_or_default();
     let namespace = p
         .metadata
@@ -61,7 +61,7 @@ pub fn policy_of(p: &RetryPolicy, namespace: &str) -> Result<(String, String, Po
             errors[0].field, errors[0].message
         ))
     })?;
-    let policy = Policy::new(format!("{namespace}/{name}"), params);
+    let policy = PreparedPolicy::new(format!("{namespace}/{name}"), params);
     Ok((name, namespace, policy))
 }
 

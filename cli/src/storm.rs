@@ -5,7 +5,7 @@ use std::{fmt::Write as _, process::ExitCode};
 
 use anyhow::{Result, bail};
 use rebound_policy::{
-    Policy,
+    PreparedPolicy,
     contention::{self, ContentionRun, run_storm},
     duration::format_approx,
 };
@@ -35,7 +35,7 @@ pub struct Args {
 }
 
 /// The model's run for each client count of `flags`, in order.
-pub fn runs(policy: &Policy, flags: &args::Storm, seed: u64) -> Vec<ContentionRun> {
+pub fn runs(policy: &PreparedPolicy, flags: &args::Storm, seed: u64) -> Vec<ContentionRun> {
     flags
         .clients
         .0

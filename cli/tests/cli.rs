@@ -518,7 +518,7 @@ fn simulate_reports_the_retry_budget_storm() {
     assert_eq!(out.status.code(), Some(0));
     let report = json(&out);
     let (object, _) = documents(file).remove(0).result.expect("valid");
-    let policy = rebound_policy::Policy::new(
+    let policy = rebound_policy::PreparedPolicy::new(
         "shop/webhooks",
         rebound_policy::resolve(&object.spec).expect("valid"),
     );

@@ -3,19 +3,19 @@
 
 use std::process::Command;
 
-use rebound_policy::{Policy, contention::simulate_contention, manifest, simulate};
+use rebound_policy::{PreparedPolicy, contention::simulate_contention, manifest, simulate};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 const PAYMENTS: &str = "examples/policies/payments.yaml";
 const WEBHOOKS: &str = "examples/policies/webhooks.yaml";
 
 /// The policy of the first manifest in `file`, as the CLI builds it for the default namespace.
-fn policy_in(file: &str) -> Policy {
+fn policy_in(file: &str) -> PreparedPolicy {
     let text = std::fs::read_to_string(format!("{ROOT}/{file}")).expect("file");
     let m = manifest::parse_manifests(&text).expect("manifests");
     let (_, params) = m[0].result.as_ref().expect("valid");
     let name = m[0].name.clone().expect("metadata.name");
-    Policy::new(format!("default/{name}"), params.clone())
+    PreparedPolicy::new(format!("default/{name}"), params.clone())
 }
 
 fn rebound(args: &[&str]) -> std::process::Output {

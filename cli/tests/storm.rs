@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use rebound_policy::{Policy, contention::simulate_contention, manifest};
+use rebound_policy::{PreparedPolicy, contention::simulate_contention, manifest};
 use serde_json::Value;
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
@@ -50,7 +50,7 @@ fn json_figures_are_the_contention_model_of_each_policy() {
         assert_eq!(got["name"], name.as_str());
         assert_eq!(got["namespace"], "default");
         let (_, params) = m.result.as_ref().expect("valid");
-        let policy = Policy::new(format!("default/{name}"), params.clone());
+        let policy = PreparedPolicy::new(format!("default/{name}"), params.clone());
         let runs = got["runs"].as_array().expect("runs");
         assert_eq!(runs.len(), 3);
         for (run, clients) in runs.iter().zip([1u32, 20, 40]) {

@@ -142,9 +142,9 @@ func (e *TargetError) Error() string {
 }
 
 type cachedPolicy struct {
-	ref      *pb.PolicyRef
-	resolved *pb.ResolvedPolicy
-	identity string
+	ref *pb.PolicyRef
+	// prepared holds the resolved policy and its identity, prepared when fetched.
+	prepared *PreparedPolicy
 }
 
 // Rebound asks the sidecar and falls back to the last GetPolicy answer for the queue (or
@@ -153,7 +153,7 @@ type Rebound struct {
 	target   string
 	deadline time.Duration
 	logger   *slog.Logger
-	def      *pb.ResolvedPolicy
+	def      *PreparedPolicy
 	conn     *grpc.ClientConn
 	rpc      pb.RetryAdvisorClient
 
@@ -217,7 +217,6 @@ func New(o Options) (*Rebound, error) {
 		target:   target,
 		deadline: o.Deadline,
 		logger:   o.Logger,
-		def:      o.DefaultPolicy,
 		policies: map[string]cachedPolicy{},
 		queues:   map[string]bool{},
 		inflight: map[string]chan struct{}{},
@@ -230,11 +229,11 @@ func New(o Options) (*Rebound, error) {
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	if c.def == nil {
-		c.def = DefaultPolicy()
+	if o.DefaultPolicy == nil {
+		c.def = PreparePolicy(DefaultPolicy(), DefaultIdentity)
 	} else {
-		c.def = proto.Clone(c.def).(*pb.ResolvedPolicy)
-		if _, err := DecideLocal(c.def, DefaultIdentity, 1, Context{JobID: "check"}); err != nil {
+		c.def = PreparePolicy(proto.Clone(o.DefaultPolicy).(*pb.ResolvedPolicy), DefaultIdentity)
+		if _, err := c.def.Decide(1, Context{JobID: "check"}); err != nil {
 			return nil, fmt.Errorf("DefaultPolicy: %w", err)
 		}
 	}
@@ -387,16 +386,16 @@ func (c *Rebound) fallback(req *pb.DecideRequest, err error) Answer {
 	}
 	c.mu.Unlock()
 
-	policy, identity, ref, src := c.def, DefaultIdentity, &pb.PolicyRef{}, PolicyDefault
+	prepared, ref, src := c.def, &pb.PolicyRef{}, PolicyDefault
 	if ok {
-		policy, identity, ref, src = cached.resolved, cached.identity, cached.ref, PolicyCached
+		prepared, ref, src = cached.prepared, cached.ref, PolicyCached
 	}
 	if shouldLog {
 		c.logger.Warn("sidecar did not answer; decided locally", "event", "rebound.fallback",
 			"queue", req.Queue, "cause", cause, "code", status.Code(err).String(),
 			"policySource", string(src), "target", c.target)
 	}
-	res, derr := DecideLocal(policy, identity, uint64(req.Attempt), Context{
+	res, derr := prepared.Decide(uint64(req.Attempt), Context{
 		JobID:              req.JobId,
 		ErrorClass:         req.ErrorClass,
 		FirstFailureUnixMs: req.FirstFailureUnixMs,
@@ -527,7 +526,7 @@ func (c *Rebound) fetch(ctx context.Context, queue string) error {
 	if old, ok := c.policies[queue]; ok && old.ref.GetConfigHash() == ref.GetConfigHash() && old.ref.GetName() == ref.GetName() {
 		return nil
 	}
-	c.policies[queue] = cachedPolicy{ref: ref, resolved: res.GetResolved(), identity: ref.GetNamespace() + "/" + ref.GetName()}
+	c.policies[queue] = cachedPolicy{ref: ref, prepared: PreparePolicy(res.GetResolved(), ref.GetNamespace()+"/"+ref.GetName())}
 	c.logger.Info("fallback policy cached", "event", "rebound.policy", "queue", queue,
 		"policy", ref.GetName(), "namespace", ref.GetNamespace(), "configHash", ref.GetConfigHash())
 	return nil
@@ -575,7 +574,7 @@ func (c *Rebound) Policy(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
 	if !ok {
 		return nil, nil
 	}
-	return cached.ref, cached.resolved
+	return cached.ref, cached.prepared.Params()
 }
 
 // Close stops the background refresh and closes the connection.
@@ -631,7 +630,7 @@ func (c *Rebound) Cached(queue string) (*pb.PolicyRef, *pb.ResolvedPolicy) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p, ok := c.policies[queue]; ok {
-		return p.ref, p.resolved
+		return p.ref, p.prepared.Params()
 	}
 	return nil, nil
 }

@@ -108,19 +108,33 @@ func satAdd(a, b uint64) uint64 {
 	return math.MaxUint64
 }
 
-// globMatch matches a "*" glob against the whole name (like policy/src/pattern.rs:
-// leftmost literal runs between the prefix and the suffix).
-func globMatch(pattern, name string) bool {
-	parts := strings.Split(pattern, "*")
-	if len(parts) == 1 {
-		return name == pattern
+// glob is a non-retryable pattern split once at its "*"s; it matches like
+// policy/src/pattern.rs: the whole name, leftmost literal runs between the prefix and the
+// suffix.
+type glob struct {
+	pattern string
+	// parts are the literal runs between the "*"s; nil for a pattern without one.
+	parts []string
+}
+
+func compileGlob(pattern string) glob {
+	g := glob{pattern: pattern}
+	if strings.Contains(pattern, "*") {
+		g.parts = strings.Split(pattern, "*")
 	}
-	prefix, suffix := parts[0], parts[len(parts)-1]
+	return g
+}
+
+func (g glob) matches(name string) bool {
+	if g.parts == nil {
+		return name == g.pattern
+	}
+	prefix, suffix := g.parts[0], g.parts[len(g.parts)-1]
 	if len(name) < len(prefix)+len(suffix) || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, suffix) {
 		return false
 	}
 	pos, end := len(prefix), len(name)-len(suffix)
-	for _, run := range parts[1 : len(parts)-1] {
+	for _, run := range g.parts[1 : len(g.parts)-1] {
 		if run == "" {
 			continue
 		}
@@ -255,10 +269,43 @@ type Context struct {
 	RetryAfterMs       uint64
 }
 
+// PreparedPolicy is a resolved policy ready for repeated decisions: the identity hash that
+// seeds the jitter and the non-retryable patterns are computed once, when the policy is
+// loaded, not on every decision.
+type PreparedPolicy struct {
+	params       *pb.ResolvedPolicy
+	identity     string
+	identitySeed uint64
+	globs        []glob
+}
+
+// PreparePolicy prepares policy p under its identity "namespace/name". p is kept, not
+// copied: do not change it afterwards.
+func PreparePolicy(p *pb.ResolvedPolicy, identity string) *PreparedPolicy {
+	globs := make([]glob, 0, len(p.GetNonRetryableErrors()))
+	for _, pattern := range p.GetNonRetryableErrors() {
+		globs = append(globs, compileGlob(pattern))
+	}
+	return &PreparedPolicy{params: p, identity: identity, identitySeed: fnv1a64(identity), globs: globs}
+}
+
+// Identity is the "namespace/name" the policy was prepared under.
+func (pp *PreparedPolicy) Identity() string { return pp.identity }
+
+// Params is the resolved policy.
+func (pp *PreparedPolicy) Params() *pb.ResolvedPolicy { return pp.params }
+
 // DecideLocal answers like the sidecar for policy p (identity "namespace/name" seeds the
-// jitter) after run attempt (1-based; 0 reads as 1) failed. An error only for an
-// unknown strategy or jitter.
+// jitter) after run attempt (1-based; 0 reads as 1) failed: the one-shot form of
+// [PreparedPolicy.Decide]. An error only for an unknown strategy or jitter.
 func DecideLocal(p *pb.ResolvedPolicy, identity string, attempt uint64, c Context) (*pb.DecideResponse, error) {
+	return PreparePolicy(p, identity).Decide(attempt, c)
+}
+
+// Decide answers like the sidecar after run attempt (1-based; 0 reads as 1) failed. An
+// error only for an unknown strategy or jitter.
+func (pp *PreparedPolicy) Decide(attempt uint64, c Context) (*pb.DecideResponse, error) {
+	p := pp.params
 	k := max(attempt, 1)
 	giveUp := func(reason pb.GiveUpReason, message string) *pb.DecideResponse {
 		r := &pb.DecideResponse{
@@ -273,10 +320,10 @@ func DecideLocal(p *pb.ResolvedPolicy, identity string, attempt uint64, c Contex
 		return r
 	}
 	if c.ErrorClass != "" {
-		for _, pat := range p.GetNonRetryableErrors() {
-			if globMatch(pat, c.ErrorClass) {
+		for _, g := range pp.globs {
+			if g.matches(c.ErrorClass) {
 				return giveUp(pb.GiveUpReason_GIVE_UP_REASON_NON_RETRYABLE,
-					fmt.Sprintf("error class %s is non-retryable (matches %s)", jsonQuote(c.ErrorClass), jsonQuote(pat))), nil
+					fmt.Sprintf("error class %s is non-retryable (matches %s)", jsonQuote(c.ErrorClass), jsonQuote(g.pattern))), nil
 			}
 		}
 	}
@@ -295,7 +342,7 @@ func DecideLocal(p *pb.ResolvedPolicy, identity string, attempt uint64, c Contex
 	limit := p.GetMaxRetryDurationMs()
 	d := draws{}
 	if c.JobID != "" {
-		d = draws{seed: mix64(fnv1a64(c.JobID) ^ fnv1a64(identity)), seeded: true}
+		d = draws{seed: mix64(fnv1a64(c.JobID) ^ pp.identitySeed), seeded: true}
 	}
 	ms, err := delay(p, k, satSub(limit, elapsed), limit > 0, d)
 	if err != nil {

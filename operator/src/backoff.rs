@@ -7,22 +7,22 @@ use std::time::Duration;
 
 use rebound_policy::resolve::{Disposition, ResolvedPolicy};
 use rebound_policy::spec::{JitterKind, Strategy};
-use rebound_policy::{Context, Decision, Policy, decide};
+use rebound_policy::{Context, Decision, PreparedPolicy, decide};
 
 /// The operator's own retry policy for failed reconciles: exponential from 500ms,
 /// doubling, capped at 5m, full jitter, never giving up.
-pub fn operator_policy() -> Policy {
+pub fn operator_policy() -> PreparedPolicy {
     exponential("rebound-system/rebound-operator", 300_000)
 }
 
 /// Retry policy for re-establishing a watch: capped at 5s so the caches recover within
 /// seconds of the API server coming back, however long it was gone.
-pub fn watch_policy() -> Policy {
+pub fn watch_policy() -> PreparedPolicy {
     exponential("rebound-system/rebound-operator-watch", 5_000)
 }
 
-fn exponential(identity: &str, cap_ms: u64) -> Policy {
-    Policy::new(
+fn exponential(identity: &str, cap_ms: u64) -> PreparedPolicy {
+    PreparedPolicy::new(
         identity,
         ResolvedPolicy {
             strategy: Strategy::Exponential,
@@ -32,7 +32,7 @@ fn exponential(identity: &str, cap_ms: u64) -> Policy {
             jitter: JitterKind::Full,
             jitter_ratio: 0.0,
             schedule_ms: Vec::new(),
-            max_attempts: rebound_policy::spec::limits::MAX_ATTEMPTS,
+            max_attempts: rebound_policy::limits::MAX_ATTEMPTS,
             max_retry_duration_ms: None,
             non_retryable_errors: Vec::new(),
             terminal: Disposition::Drop,
@@ -43,7 +43,7 @@ fn exponential(identity: &str, cap_ms: u64) -> Policy {
 
 /// Consecutive failures per key, turned into requeue delays.
 pub struct Requeue {
-    policy: Policy,
+    policy: PreparedPolicy,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -88,7 +88,7 @@ impl Requeue {
 /// Watch-stream backoff for kube-runtime, driven by [`watch_policy`]; reset by the stream
 /// on every successful event.
 pub struct WatchBackoff {
-    policy: Policy,
+    policy: PreparedPolicy,
     key: String,
     attempt: u32,
 }

@@ -64,14 +64,7 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
-/// How log records are written to stderr.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// One JSON object per line, event fields flattened.
-    Json,
-    /// Human-readable lines.
-    Text,
-}
+pub use rebound_runtime::LogFormat;
 
 impl Config {
     /// Checks what clap cannot: the lease timings.
@@ -101,19 +94,7 @@ impl Config {
 
     /// Namespace of the Lease, following the flag, then the pod environment.
     pub fn lease_namespace(&self) -> String {
-        if let Some(ns) = self.lease_namespace.as_ref().filter(|n| !n.is_empty()) {
-            return ns.clone();
-        }
-        if let Ok(ns) = std::env::var("POD_NAMESPACE")
-            && !ns.is_empty()
-        {
-            return ns;
-        }
-        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".to_owned())
+        rebound_runtime::pod_namespace(self.lease_namespace.as_deref())
     }
 
     /// Identity in the Lease and in events' reporting instance.

@@ -5,31 +5,18 @@ use std::sync::Arc;
 use anyhow::{Context as _, anyhow};
 use clap::Parser;
 use futures::FutureExt;
-use rebound_operator::config::LogFormat;
 use rebound_operator::{Config, controller, events::Events, http, leader, metrics::Metrics};
-use tokio::signal::unix::{SignalKind, signal};
+use rebound_runtime::{LogFormat, Logging, StopSignal, StopSignals};
 use tokio::sync::watch;
 use tracing::info;
 
 fn main() -> anyhow::Result<()> {
-    tune_allocator();
+    rebound_runtime::tune_allocator();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?
         .block_on(run())
-}
-
-/// Keeps glibc from holding on to freed memory: fixed mmap and trim thresholds, so a large
-/// object decoded and then slimmed (a 1 MiB ConfigMap of someone else) does not stay
-/// resident (glibc otherwise raises both thresholds after the first large buffer is freed).
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; called before other threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 * 1024);
-    }
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -47,12 +34,13 @@ async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", config.metrics_addr))?;
     info!(metrics = %config.metrics_addr, namespaces = ?config.scope(), configmap = %config.configmap_name, "starting");
 
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut signals = StopSignals::install()?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: finishing running reconciles, then releasing the Lease"),
-            _ = int.recv() => info!("SIGINT: shutting down"),
+        match signals.recv().await {
+            StopSignal::Terminate => {
+                info!("SIGTERM: finishing running reconciles, then releasing the Lease")
+            }
+            StopSignal::Interrupt => info!("SIGINT: shutting down"),
         }
         let _ = stop_tx.send(true);
     });
@@ -78,14 +66,11 @@ async fn run() -> anyhow::Result<()> {
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_lease_manager=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == LogFormat::Text {
-        builder.init();
-    } else {
-        builder.json().flatten_event(true).init();
+    Logging {
+        format,
+        default_filter: "info,kube_lease_manager=warn",
+        flatten_json_fields: true,
+        ansi_only_on_terminal: false,
     }
+    .init();
 }

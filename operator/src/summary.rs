@@ -4,7 +4,7 @@
 
 use rebound_policy::duration::format_approx;
 use rebound_policy::spec::{GiveUpAfter, ScheduleSummary};
-use rebound_policy::{Policy, ResolvedPolicy, simulate};
+use rebound_policy::{PreparedPolicy, ResolvedPolicy, simulate};
 
 /// Simulated jobs per summary when they are cheap: enough for a stable p99.
 pub const SAMPLES: u32 = 1_000;
@@ -27,7 +27,7 @@ pub fn samples(max_attempts: u32) -> u32 {
 /// The summary of one policy, without `servingQueues` (that depends on the namespace).
 /// CPU-bound (up to [`DECISION_BUDGET`] decisions): call it off the async workers.
 pub fn summarize(identity: &str, params: &ResolvedPolicy) -> ScheduleSummary {
-    let policy = Policy::new(identity, params.clone());
+    let policy = PreparedPolicy::new(identity, params.clone());
     let sim = simulate(&policy, samples(params.max_attempts), SEED, false);
     ScheduleSummary {
         max_attempts: params.max_attempts,
@@ -137,7 +137,12 @@ mod tests {
         ] {
             let p = params(spec.clone());
             let cheap = summarize("ns/a", &p);
-            let full = simulate(&Policy::new("ns/a", p.clone()), SAMPLES, SEED, false);
+            let full = simulate(
+                &PreparedPolicy::new("ns/a", p.clone()),
+                SAMPLES,
+                SEED,
+                false,
+            );
             let check = |shown: &str, reference: u64| {
                 let ratio = millis(shown) / reference as f64;
                 assert!(

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use common::*;
+use rebound_test_support::HttpResponse;
 use rebound_tests::TestEnv;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -50,14 +51,14 @@ async fn half_sent_requests_are_dropped_and_probes_still_answer() -> Result<()> 
     let op = Operator::start(env.cluster.kubeconfig(), scoped(&env.namespace, &[]))?;
     let addr = op.metrics;
     eventually("/livez", WAIT, || async {
-        Ok(http_get(addr, "/livez").ok())
+        Ok(http_get(addr, "/livez").and_then(HttpResponse::ok).ok())
     })
     .await?;
 
     let hanging = half_sent(addr, 200)?;
     // While they hang, probes and scrapes are answered.
-    ensure!(http_get(addr, "/livez")? == "ok\n");
-    let scrape = http_get(addr, "/metrics")?;
+    ensure!(http_get(addr, "/livez")?.ok()? == "ok\n");
+    let scrape = http_get(addr, "/metrics")?.ok()?;
     ensure!(
         metric_sum(&scrape, "rebound_operator_leader") == 1.0,
         "{scrape}"
@@ -80,6 +81,6 @@ async fn half_sent_requests_are_dropped_and_probes_still_answer() -> Result<()> 
     ensure!(closed == CAP + over, "{closed} of {} closed", CAP + over);
     let refused = op.metric("rebound_operator_http_connections_refused_total")?;
     ensure!(refused >= over as f64, "{refused} refused");
-    ensure!(http_get(addr, "/livez")? == "ok\n");
+    ensure!(http_get(addr, "/livez")?.ok()? == "ok\n");
     Ok(())
 }

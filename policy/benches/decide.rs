@@ -4,12 +4,12 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use rebound_policy::{
-    Context, Disposition, Policy, ResolvedPolicy, decide,
+    Context, Disposition, PreparedPolicy, ResolvedPolicy, decide,
     spec::{JitterKind, Strategy},
 };
 
-fn policy(strategy: Strategy, jitter: JitterKind) -> Policy {
-    Policy::new(
+fn policy(strategy: Strategy, jitter: JitterKind) -> PreparedPolicy {
+    PreparedPolicy::new(
         "shop/webhooks",
         ResolvedPolicy {
             strategy,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::{
-    decide::Policy,
+    decide::PreparedPolicy,
     pattern::{self, Glob, Specificity},
     resolve::{FieldError, ResolvedPolicy, resolve},
     spec::RetryPolicySpec,
@@ -276,7 +276,7 @@ pub fn compile(namespace: &str, mut sources: Vec<PolicySource>) -> Compilation {
 /// A compiled policy ready to answer, with what the sidecar reports about it.
 #[derive(Debug)]
 pub struct TableEntry {
-    pub policy: Policy,
+    pub policy: PreparedPolicy,
     pub name: String,
     pub namespace: String,
     pub generation: i64,
@@ -360,7 +360,7 @@ impl PolicyTable {
                 }
             }
             entries.push(TableEntry {
-                policy: Policy::new(p.identity(), p.params.clone()),
+                policy: PreparedPolicy::new(p.identity(), p.params.clone()),
                 name: p.name.clone(),
                 namespace: p.namespace.clone(),
                 generation: p.generation,

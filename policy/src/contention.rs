@@ -33,7 +33,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    decide::{Context, Decision, Draws, Policy, Replay, decide_with, mix64},
+    decide::{Context, Decision, Draws, PreparedPolicy, Replay, decide_with, mix64},
     retry_budget::{Ask, Scheduler, SlotShare},
 };
 
@@ -111,7 +111,7 @@ pub struct StormBudget {
 /// Runs the model for `clients` (at most [`MAX_CLIENTS`]) with writes of `write_ms`
 /// (at least 1), one sidecar and no noise. The same inputs give the same run.
 pub fn simulate_contention(
-    policy: &Policy,
+    policy: &PreparedPolicy,
     clients: u32,
     write_ms: u64,
     seed: u64,
@@ -120,7 +120,7 @@ pub fn simulate_contention(
 }
 
 /// Runs the model for `storm`. The same inputs give the same run.
-pub fn run_storm(policy: &Policy, storm: &Storm) -> ContentionRun {
+pub fn run_storm(policy: &PreparedPolicy, storm: &Storm) -> ContentionRun {
     run_model(policy, storm, MAX_CALLS)
 }
 
@@ -133,7 +133,7 @@ fn noise(storm: &Storm, client: u32, write: u32) -> u64 {
     mix64(storm.seed ^ 0x6E6F_6973_6521_0000 ^ mix64(key)) % (storm.noise_ms + 1)
 }
 
-fn run_model(policy: &Policy, storm: &Storm, max_calls: u64) -> ContentionRun {
+fn run_model(policy: &PreparedPolicy, storm: &Storm, max_calls: u64) -> ContentionRun {
     let clients = storm.clients.min(MAX_CLIENTS);
     let write_ms = storm.write_ms.max(1);
     let sidecars = storm.sidecars.clamp(1, MAX_SIDECARS);
@@ -277,17 +277,17 @@ mod tests {
     use super::*;
     use crate::{resolve, spec::RetryPolicySpec};
 
-    fn policy(backoff: serde_json::Value, max_attempts: u32) -> Policy {
+    fn policy(backoff: serde_json::Value, max_attempts: u32) -> PreparedPolicy {
         let spec: RetryPolicySpec = serde_json::from_value(serde_json::json!({
             "queues": ["q"],
             "backoff": backoff,
             "maxAttempts": max_attempts,
         }))
         .expect("a valid spec");
-        Policy::new("ns/p", resolve(&spec).expect("resolves"))
+        PreparedPolicy::new("ns/p", resolve(&spec).expect("resolves"))
     }
 
-    fn budgeted(budget: Option<serde_json::Value>) -> Policy {
+    fn budgeted(budget: Option<serde_json::Value>) -> PreparedPolicy {
         let mut spec = serde_json::json!({
             "queues": ["q"],
             "backoff": {"strategy": "exponential", "base": "10ms", "cap": "10m"},
@@ -297,10 +297,10 @@ mod tests {
             spec["retryBudget"] = b;
         }
         let spec: RetryPolicySpec = serde_json::from_value(spec).expect("a valid spec");
-        Policy::new("ns/p", resolve(&spec).expect("resolves"))
+        PreparedPolicy::new("ns/p", resolve(&spec).expect("resolves"))
     }
 
-    fn exponential(jitter: &str) -> Policy {
+    fn exponential(jitter: &str) -> PreparedPolicy {
         policy(
             serde_json::json!({"strategy": "exponential", "base": "10ms", "cap": "10m", "jitter": {"kind": jitter}}),
             10_000,
@@ -308,7 +308,7 @@ mod tests {
     }
 
     /// Mean calls and completion over `seeds` runs.
-    fn mean(policy: &Policy, clients: u32, seeds: u64) -> (f64, f64) {
+    fn mean(policy: &PreparedPolicy, clients: u32, seeds: u64) -> (f64, f64) {
         let runs: Vec<_> = (0..seeds)
             .map(|s| simulate_contention(policy, clients, 10, s))
             .collect();

@@ -13,9 +13,11 @@ use crate::{
     spec::{JitterKind, Strategy},
 };
 
-/// A resolved policy bound to its identity, which seeds deterministic jitter.
+/// A resolved policy prepared for repeated decisions: bound to its identity, which seeds
+/// deterministic jitter, with its non-retryable patterns compiled once. The adapters' ports
+/// use the same name for the same thing.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Policy {
+pub struct PreparedPolicy {
     identity: String,
     identity_seed: u64,
     params: ResolvedPolicy,
@@ -23,7 +25,7 @@ pub struct Policy {
     non_retryable: Vec<Glob>,
 }
 
-impl Policy {
+impl PreparedPolicy {
     /// `identity` names the policy stably across processes, e.g. `namespace/name`.
     pub fn new(identity: impl Into<String>, params: ResolvedPolicy) -> Self {
         let identity = identity.into();
@@ -163,7 +165,7 @@ pub enum Decision {
 }
 
 /// Decides what happens after `attempt` (1-based: the run that just failed) failed.
-pub fn decide(policy: &Policy, attempt: u32, ctx: &Context<'_>) -> Decision {
+pub fn decide(policy: &PreparedPolicy, attempt: u32, ctx: &Context<'_>) -> Decision {
     decide_with(
         policy,
         attempt,
@@ -176,7 +178,7 @@ pub fn decide(policy: &Policy, attempt: u32, ctx: &Context<'_>) -> Decision {
 /// [`decide`] with explicit random draws and a replay memo, for callers that walk a whole
 /// schedule (simulation) and would otherwise replay decorrelated jitter from retry 1 each time.
 pub fn decide_with(
-    policy: &Policy,
+    policy: &PreparedPolicy,
     attempt: u32,
     ctx: &Context<'_>,
     draws: &Draws,
@@ -254,7 +256,7 @@ fn delay_for_retry(
 ) -> u64 {
     // Retries beyond the largest maxAttempts never happen; clamping bounds the replay
     // even for a ResolvedPolicy that was built by hand and never checked.
-    let k = k.clamp(1, crate::spec::limits::MAX_ATTEMPTS);
+    let k = k.clamp(1, crate::limits::MAX_ATTEMPTS);
     let cap = p.cap_ms as f64;
     let base = p.base_ms as f64;
     // Durations are at most 8760h, so `remaining` converts exactly.
@@ -397,7 +399,7 @@ pub struct Draws {
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Draws {
-    pub fn new(policy: &Policy, job_id: Option<&str>) -> Self {
+    pub fn new(policy: &PreparedPolicy, job_id: Option<&str>) -> Self {
         let seed = match job_id {
             Some(id) => mix64(hash_bytes(id.as_bytes()) ^ policy.identity_seed),
             None => thread_random_u64(),

@@ -12,21 +12,23 @@ pub mod compiled;
 pub mod contention;
 pub mod decide;
 pub mod duration;
+pub mod limits;
 pub mod manifest;
 pub mod pattern;
 pub mod resolve;
 pub mod retry_budget;
 pub mod simulate;
 pub mod spec;
+#[cfg(feature = "vectors")]
 pub mod vectors;
 
 pub use compiled::{
     Compilation, CompiledDocument, CompiledPolicy, PolicyOutcome, PolicySource, PolicyTable,
     compile,
 };
-pub use decide::{Context, Decision, GiveUpReason, Policy, decide};
+pub use decide::{Context, Decision, GiveUpReason, PreparedPolicy, decide};
 pub use duration::{KubeDuration, format_millis};
-pub use resolve::{Disposition, FieldError, ResolvedPolicy, resolve};
+pub use resolve::{Disposition, FieldError, ResolvedPolicy, RetryBudget, resolve};
 pub use retry_budget::{Scheduler, SlotShare};
 pub use simulate::{BudgetSimulation, Simulation, simulate, simulate_budget};
 pub use spec::{RetryPolicy, RetryPolicySpec, RetryPolicyStatus};

@@ -9,11 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     duration::{KubeDuration, format_millis},
+    limits::{self, MAX_ATTEMPTS, MAX_ERROR_CLASSES, MAX_MULTIPLIER, MAX_QUEUES, MAX_SCHEDULE},
     pattern::{check_name, check_pattern},
-    retry_budget::RetryBudget,
     spec::{
         Backoff, JitterKind, RetryPolicySpec, Strategy, TerminalAction,
-        limits::{MAX_ATTEMPTS, MAX_ERROR_CLASSES, MAX_MULTIPLIER, MAX_QUEUES, MAX_SCHEDULE},
         rules::{self, CrossFieldRule},
     },
 };
@@ -170,6 +169,80 @@ impl ResolvedPolicy {
     }
 }
 
+/// A resolved `retryBudget`: at most `burst` retries per slot of `1000 × burst /
+/// rate_per_second` ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBudget {
+    pub rate_per_second: u32,
+    pub burst: u32,
+}
+
+impl RetryBudget {
+    /// Checks the bounds and cross-field rules; `Err` names the field (camelCase, relative
+    /// to the budget) and the problem.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        use limits::*;
+        if !(1..=MAX_RATE_PER_SECOND).contains(&self.rate_per_second) {
+            return Err((
+                "ratePerSecond",
+                format!(
+                    "must be between 1 and {MAX_RATE_PER_SECOND}, got {}",
+                    self.rate_per_second
+                ),
+            ));
+        }
+        if !(1..=MAX_BURST).contains(&self.burst) {
+            return Err((
+                "burst",
+                format!("must be between 1 and {MAX_BURST}, got {}", self.burst),
+            ));
+        }
+        if u64::from(self.burst) * 1000 < u64::from(self.rate_per_second) {
+            return Err(("burst", rules::BUDGET_SLOT_AT_LEAST_1MS.message.to_owned()));
+        }
+        if u64::from(self.burst) > u64::from(MAX_SLOT_SECONDS) * u64::from(self.rate_per_second) {
+            return Err(("burst", rules::BUDGET_SLOT_AT_MOST_60S.message.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// The slot holding time `t_ms`: `floor(t × rate / (1000 × burst))`.
+    pub fn slot_of(&self, t_ms: u64) -> u64 {
+        let k = u128::from(t_ms) * u128::from(self.rate_per_second)
+            / (1000 * u128::from(self.burst.max(1)));
+        u64::try_from(k).unwrap_or(u64::MAX)
+    }
+
+    /// The first whole millisecond of slot `k`: `ceil(k × 1000 × burst / rate)`. With a
+    /// slot of at least 1 ms (validated), it lies inside slot `k`.
+    pub fn slot_start(&self, k: u64) -> u64 {
+        let num = u128::from(k) * 1000 * u128::from(self.burst);
+        let rate = u128::from(self.rate_per_second.max(1));
+        u64::try_from(num.div_ceil(rate)).unwrap_or(u64::MAX)
+    }
+
+    /// Slot length in milliseconds, for people (may be fractional).
+    pub fn slot_ms(&self) -> f64 {
+        1000.0 * f64::from(self.burst) / f64::from(self.rate_per_second.max(1))
+    }
+}
+
+/// `10/s, burst 1 (100ms slots)`: the rate, the burst and the slot they make.
+impl std::fmt::Display for RetryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/s, burst {} (", self.rate_per_second, self.burst)?;
+        let whole = 1000 * u64::from(self.burst);
+        let rate = u64::from(self.rate_per_second.max(1));
+        if whole.is_multiple_of(rate) {
+            f.write_str(&crate::duration::format_millis(whole / rate))?;
+        } else {
+            write!(f, "{:.2}ms", self.slot_ms())?;
+        }
+        f.write_str(" slots)")
+    }
+}
+
 /// Validates a spec and resolves its defaults. Reports every problem, not just the first.
 pub fn resolve(spec: &RetryPolicySpec) -> Result<ResolvedPolicy, Vec<FieldError>> {
     let mut errors = Errors::default();
@@ -227,9 +300,7 @@ pub fn resolve(spec: &RetryPolicySpec) -> Result<ResolvedPolicy, Vec<FieldError>
     let retry_budget = spec.retry_budget.as_ref().and_then(|b| {
         let budget = RetryBudget {
             rate_per_second: b.rate_per_second,
-            burst: b
-                .burst
-                .unwrap_or(crate::retry_budget::limits::DEFAULT_BURST),
+            burst: b.burst.unwrap_or(limits::DEFAULT_BURST),
         };
         match budget.check() {
             Ok(()) => Some(budget),

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::{
-    decide::{Context, Decision, Draws, GiveUpReason, Policy, Replay, decide_with, mix64},
+    decide::{Context, Decision, Draws, GiveUpReason, PreparedPolicy, Replay, decide_with, mix64},
     resolve::Disposition,
 };
 
@@ -67,7 +67,7 @@ pub fn sample_draws(seed: u64, sample: u32) -> Draws {
 /// time: `on_retry(attempt that failed, delay_ms)` for each retry; returns the time of the
 /// decision to give up and its reason.
 pub fn fail_every_run(
-    policy: &Policy,
+    policy: &PreparedPolicy,
     sample: u32,
     seed: u64,
     mut on_retry: impl FnMut(u32, u64),
@@ -94,7 +94,7 @@ pub fn fail_every_run(
 
 /// Simulates `samples` jobs that fail every run, each with its own deterministic draws
 /// derived from `seed`. With `per_retry`, also collects statistics for every retry.
-pub fn simulate(policy: &Policy, samples: u32, seed: u64, per_retry: bool) -> Simulation {
+pub fn simulate(policy: &PreparedPolicy, samples: u32, seed: u64, per_retry: bool) -> Simulation {
     let params = policy.params();
     let retries = params.max_attempts.saturating_sub(1) as usize;
     let fit = MAX_DECISIONS / retries.max(1);
@@ -190,7 +190,7 @@ pub struct BudgetSimulation {
 /// failure is asked when its retry runs), with each job's draws derived from `seed` as in
 /// [`simulate`]. `None` when the policy has no budget. At most [`MAX_DECISIONS`] decisions:
 /// `jobs` is reduced to fit.
-pub fn simulate_budget(policy: &Policy, jobs: u32, seed: u64) -> Option<BudgetSimulation> {
+pub fn simulate_budget(policy: &PreparedPolicy, jobs: u32, seed: u64) -> Option<BudgetSimulation> {
     use std::{cmp::Reverse, collections::BinaryHeap};
 
     use crate::retry_budget::{Ask, Scheduler};

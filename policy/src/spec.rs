@@ -14,17 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     duration::KubeDuration,
+    limits,
     pattern::{MAX_NAME_LEN, NAME_PATTERN, PLAIN_NAME_PATTERN},
 };
-
-/// Bounds shared by the CRD schema and the Rust validator.
-pub mod limits {
-    pub const MAX_QUEUES: usize = 64;
-    pub const MAX_ERROR_CLASSES: usize = 64;
-    pub const MAX_SCHEDULE: usize = 100;
-    pub const MAX_ATTEMPTS: u32 = 10_000;
-    pub const MAX_MULTIPLIER: f64 = 100.0;
-}
 
 /// Declares how the jobs of some queues are retried and what happens when they stop.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -141,12 +133,12 @@ pub struct RetryPolicySpec {
 )]
 pub struct RetryBudgetSpec {
     /// Retries per second this policy's queues may schedule from one sidecar, 1 to 100000.
-    #[schemars(range(min = 1, max = crate::retry_budget::limits::MAX_RATE_PER_SECOND), with = "i32")]
+    #[schemars(range(min = 1, max = crate::limits::MAX_RATE_PER_SECOND), with = "i32")]
     pub rate_per_second: u32,
     /// Retries one slot admits, 1 to 100000; a slot lasts `1000 × burst / ratePerSecond`
     /// ms, between 1 ms and 60 s. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = crate::retry_budget::limits::MAX_BURST), with = "Option<i32>")]
+    #[schemars(range(min = 1, max = crate::limits::MAX_BURST), with = "Option<i32>")]
     pub burst: Option<u32>,
 }
 

@@ -291,7 +291,7 @@ fn equivalent_patterns_conflict() {
 /// document with an out-of-range budget is refused naming the field.
 #[test]
 fn retry_budgets_are_compiled_and_checked_on_read() {
-    use rebound_policy::retry_budget::RetryBudget;
+    use rebound_policy::resolve::RetryBudget;
     let yaml = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: b}\nspec: {queues: [q], retryBudget: {ratePerSecond: 10}}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: plain}\nspec: {queues: [p]}\n";
     let sources: Vec<PolicySource> = parse_manifests(yaml)
         .expect("YAML")

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use rebound_policy::{
-    Context, Decision, Disposition, GiveUpReason, Policy, ResolvedPolicy, decide,
+    Context, Decision, Disposition, GiveUpReason, PreparedPolicy, ResolvedPolicy, decide,
     spec::{JitterKind, Strategy},
 };
 
@@ -102,7 +102,7 @@ proptest! {
         job in proptest::option::of("[a-z0-9-]{1,20}"),
     ) {
         let params = policy(strategy, jitter, base_ms, multiplier, cap_ms);
-        let p = Policy::new("ns/p", params.clone());
+        let p = PreparedPolicy::new("ns/p", params.clone());
         let ctx = Context { job_id: job.as_deref(), ..Context::default() };
         let delay = retry_delay(decide(&p, k, &ctx)) as f64;
         let cap = params.cap_ms as f64;
@@ -123,7 +123,7 @@ proptest! {
     fn gives_up_exactly_after_max_attempts(max in 1u32..=10_000, attempt in 1u32..=10_050) {
         let mut params = policy(Strategy::Exponential, JitterKind::Full, 100, 2.0, 60_000);
         params.max_attempts = max;
-        let p = Policy::new("ns/p", params);
+        let p = PreparedPolicy::new("ns/p", params);
         let decision = decide(&p, attempt, &Context::default());
         if attempt < max {
             let is_retry = matches!(decision, Decision::Retry { .. });
@@ -138,7 +138,7 @@ proptest! {
 
     #[test]
     fn same_job_same_answer(strategy in strategies(), jitter in jitters(), k in 1u32..200, job in "[a-z0-9]{1,30}") {
-        let p = Policy::new("ns/p", policy(strategy, jitter, 250, 2.0, 600_000));
+        let p = PreparedPolicy::new("ns/p", policy(strategy, jitter, 250, 2.0, 600_000));
         let ctx = Context { job_id: Some(&job), ..Context::default() };
         prop_assert_eq!(decide(&p, k, &ctx), decide(&p, k, &ctx));
     }
@@ -148,7 +148,7 @@ proptest! {
         let mut params = policy(strategy, jitter, 1, 100.0, 31_536_000_000);
         params.max_attempts = max;
         params.max_retry_duration_ms = Some(31_536_000_000);
-        let p = Policy::new("ns/p", params);
+        let p = PreparedPolicy::new("ns/p", params);
         let ctx = Context { job_id: Some("j"), first_failure_ms: Some(u64::MAX), now_ms: Some(0), retry_after_ms: Some(u64::MAX), ..Context::default() };
         let _ = decide(&p, attempt, &ctx);
     }
@@ -164,7 +164,7 @@ fn huge_attempt_numbers_saturate_at_the_cap() {
         3_600_000,
     );
     params.max_attempts = 10_000;
-    let p = Policy::new("ns/p", params);
+    let p = PreparedPolicy::new("ns/p", params);
     assert_eq!(
         retry_delay(decide(&p, 9_999, &Context::default())),
         3_600_000
@@ -182,7 +182,7 @@ fn huge_attempt_numbers_saturate_at_the_cap() {
 
 #[test]
 fn exponential_follows_base_times_multiplier_power() {
-    let p = Policy::new(
+    let p = PreparedPolicy::new(
         "ns/p",
         policy(Strategy::Exponential, JitterKind::None, 500, 3.0, 120_000),
     );
@@ -197,7 +197,7 @@ fn exponential_follows_base_times_multiplier_power() {
 
 #[test]
 fn different_job_ids_spread_out() {
-    let p = Policy::new(
+    let p = PreparedPolicy::new(
         "ns/p",
         policy(Strategy::Exponential, JitterKind::Full, 1_000, 2.0, 600_000),
     );
@@ -227,14 +227,14 @@ fn policy_identity_changes_the_draw() {
         job_id: Some("job-1"),
         ..Context::default()
     };
-    let a = decide(&Policy::new("ns/a", params.clone()), 5, &ctx);
-    let b = decide(&Policy::new("ns/b", params), 5, &ctx);
+    let a = decide(&PreparedPolicy::new("ns/a", params.clone()), 5, &ctx);
+    let b = decide(&PreparedPolicy::new("ns/b", params), 5, &ctx);
     assert_ne!(a, b);
 }
 
 #[test]
 fn decorrelated_replays_the_same_path_for_a_job() {
-    let p = Policy::new(
+    let p = PreparedPolicy::new(
         "ns/p",
         policy(Strategy::Decorrelated, JitterKind::None, 100, 1.0, 60_000),
     );
@@ -268,7 +268,7 @@ fn non_retryable_error_gives_up_first() {
     params.terminal = Disposition::DeadLetter {
         dead_letter_queue: "review".into(),
     };
-    let p = Policy::new("ns/p", params);
+    let p = PreparedPolicy::new("ns/p", params);
     for class in ["CardDeclined", "stripe.InvalidRequest"] {
         let d = decide(
             &p,
@@ -310,7 +310,7 @@ fn non_retryable_error_gives_up_first() {
 fn deadline_gives_up_when_the_next_run_would_start_too_late() {
     let mut params = policy(Strategy::Constant, JitterKind::None, 60_000, 1.0, 60_000);
     params.max_retry_duration_ms = Some(300_000);
-    let p = Policy::new("ns/p", params);
+    let p = PreparedPolicy::new("ns/p", params);
     let at = |elapsed: u64| Context {
         first_failure_ms: Some(1_000_000),
         now_ms: Some(1_000_000 + elapsed),
@@ -338,7 +338,7 @@ fn deadline_gives_up_when_the_next_run_would_start_too_late() {
 
 #[test]
 fn retry_after_is_a_floor_honoured_above_the_cap() {
-    let p = Policy::new(
+    let p = PreparedPolicy::new(
         "ns/p",
         policy(Strategy::Constant, JitterKind::None, 1_000, 1.0, 30_000),
     );
@@ -362,7 +362,7 @@ fn retry_after_is_a_floor_honoured_above_the_cap() {
 fn retry_after_past_the_deadline_gives_up() {
     let mut params = policy(Strategy::Constant, JitterKind::None, 1_000, 1.0, 30_000);
     params.max_retry_duration_ms = Some(600_000);
-    let p = Policy::new("ns/p", params);
+    let p = PreparedPolicy::new("ns/p", params);
     let ctx = |retry_after_ms| Context {
         first_failure_ms: Some(1_000_000),
         now_ms: Some(1_000_000 + 300_000),
@@ -390,7 +390,7 @@ fn a_jittered_delay_is_drawn_within_the_time_left() {
     ] {
         let mut params = policy(Strategy::Exponential, jitter, 600_000, 2.0, 600_000);
         params.max_retry_duration_ms = Some(1_800_000);
-        let p = Policy::new("ns/p", params);
+        let p = PreparedPolicy::new("ns/p", params);
         let mut delays = Vec::new();
         for i in 0..1_000 {
             let id = format!("job-{i}");
@@ -423,7 +423,7 @@ fn a_jittered_delay_is_drawn_within_the_time_left() {
         600_000,
     );
     params.max_retry_duration_ms = Some(1_800_000);
-    let p = Policy::new("ns/p", params);
+    let p = PreparedPolicy::new("ns/p", params);
     for i in 0..200 {
         let id = format!("job-{i}");
         let ctx = Context {
@@ -440,7 +440,7 @@ fn a_jittered_delay_is_drawn_within_the_time_left() {
 fn walking_a_schedule_gives_the_same_answers_as_fresh_decisions() {
     use rebound_policy::decide::{Draws, Replay, decide_with};
     for strategy in [Strategy::Decorrelated, Strategy::Exponential] {
-        let p = Policy::new("ns/p", policy(strategy, JitterKind::Full, 100, 2.0, 60_000));
+        let p = PreparedPolicy::new("ns/p", policy(strategy, JitterKind::Full, 100, 2.0, 60_000));
         let ctx = Context::default();
         let draws = Draws::from_seed(7);
         let mut walking = Replay::default();
@@ -463,7 +463,7 @@ fn walking_a_schedule_gives_the_same_answers_as_fresh_decisions() {
 fn max_attempts_reason_names_the_failed_attempt() {
     let mut params = policy(Strategy::Constant, JitterKind::None, 100, 1.0, 100);
     params.max_attempts = 25;
-    let p = Policy::new("ns/p", params);
+    let p = PreparedPolicy::new("ns/p", params);
     match decide(&p, 30, &Context::default()) {
         Decision::GiveUp {
             reason:

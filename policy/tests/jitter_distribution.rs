@@ -2,7 +2,7 @@
 //! one-sample Kolmogorov–Smirnov test against the documented uniform laws.
 
 use rebound_policy::{
-    Context, Decision, Disposition, Policy, ResolvedPolicy, decide,
+    Context, Decision, Disposition, PreparedPolicy, ResolvedPolicy, decide,
     spec::{JitterKind, Strategy},
 };
 
@@ -12,8 +12,8 @@ fn ks_critical(n: usize) -> f64 {
     1.95 / (n as f64).sqrt()
 }
 
-fn policy(jitter: JitterKind, ratio: f64) -> Policy {
-    Policy::new(
+fn policy(jitter: JitterKind, ratio: f64) -> PreparedPolicy {
+    PreparedPolicy::new(
         "payments/charge",
         ResolvedPolicy {
             strategy: Strategy::Exponential,
@@ -32,7 +32,7 @@ fn policy(jitter: JitterKind, ratio: f64) -> Policy {
     )
 }
 
-fn draws(p: &Policy, attempt: u32) -> Vec<f64> {
+fn draws(p: &PreparedPolicy, attempt: u32) -> Vec<f64> {
     (0..SAMPLES)
         .map(|i| {
             let id = format!("order-{i}");

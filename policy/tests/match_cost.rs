@@ -2,7 +2,7 @@
 //! patterns a namespace holds: counted in byte steps, not timed.
 
 use rebound_policy::{
-    CompiledDocument, CompiledPolicy, Disposition, Policy, PolicyTable, ResolvedPolicy,
+    CompiledDocument, CompiledPolicy, Disposition, PolicyTable, PreparedPolicy, ResolvedPolicy,
     pattern::Glob,
     spec::{JitterKind, Strategy},
 };
@@ -95,7 +95,7 @@ fn queue_lookup_in_the_hostile_namespace_is_bounded() {
 
 #[test]
 fn error_class_matching_in_the_hostile_policy_is_bounded() {
-    let policy = Policy::new("ns/p0", params(hostile_patterns(0)));
+    let policy = PreparedPolicy::new("ns/p0", params(hostile_patterns(0)));
     let class = "a".repeat(253);
     let mut steps = 0;
     assert_eq!(policy.non_retryable_match(&class, &mut steps), None);

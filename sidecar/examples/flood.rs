@@ -24,9 +24,10 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit::{
         flood::{Outcome, half_sent_calls},
-        process::{free_port, mib, rss_kib, sidecar_binary, spawn_on_policies_file},
+        process::{mib, rss_kib, sidecar_binary, spawn_on_policies_file},
     },
 };
+use rebound_test_support::free_port;
 
 #[derive(Debug, Parser)]
 #[command(name = "flood")]

@@ -26,11 +26,10 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit::{
         self, AtomicWriter,
-        process::{
-            Spawned, free_port, main_thread_cpu_ns, mib, rss_detail, rss_kib, sidecar_binary,
-        },
+        process::{Spawned, main_thread_cpu_ns, mib, rss_detail, rss_kib, sidecar_binary},
     },
 };
+use rebound_test_support::{free_port, http_get};
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -427,7 +426,10 @@ async fn reload(
             advisor.decide(req.clone()).await?;
             during.lat.push(s.elapsed());
         }
-        let metrics = http_get(admin, "/metrics").await.unwrap_or_default();
+        let metrics = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+            .await?
+            .map(|response| response.body)
+            .unwrap_or_default();
         if let Some(seconds) = metrics
             .lines()
             .find_map(|l| l.strip_prefix("rebound_sidecar_config_last_reload_duration_seconds "))
@@ -538,18 +540,6 @@ fn breakdown(bytes: &str) {
         "reload breakdown (this process, best of 5): CompiledDocument::from_json (parse + hash + checks) {parse:.1} ms; PolicyTable::new {index:.1} ms; dropping a table ~{:.1} ms",
         drop_table.max(0.0)
     );
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await?;
-    Ok(out)
 }
 
 #[derive(Clone, Copy)]

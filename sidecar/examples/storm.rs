@@ -22,13 +22,14 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use rebound_policy::retry_budget::RetryBudget;
+use rebound_policy::resolve::RetryBudget;
 use rebound_sidecar::{
     client,
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     system_now_ms,
-    testkit::process::{free_port, sidecar_binary, spawn_on_policies_file},
+    testkit::process::{sidecar_binary, spawn_on_policies_file},
 };
+use rebound_test_support::free_port;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 

@@ -10,7 +10,8 @@ use std::{
 use prometheus_client::metrics::{counter::Counter, histogram::Histogram};
 use rebound_policy::{
     CompiledDocument, Decision, ResolvedPolicy,
-    retry_budget::{Ask, Budgeted, RetryBudget, Scheduler},
+    resolve::RetryBudget,
+    retry_budget::{Ask, Budgeted, Scheduler},
 };
 
 use crate::metrics::{BudgetSeries, Metrics};

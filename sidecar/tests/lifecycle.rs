@@ -5,8 +5,7 @@
 mod common;
 
 use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -18,6 +17,7 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit,
 };
+use rebound_test_support::{free_port, http_get};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 #[tokio::test]
@@ -59,25 +59,6 @@ async fn shutdown_flips_health_and_lets_in_flight_calls_finish() {
         .expect("drains once the last call ends");
 }
 
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect admin");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
 struct Sidecar(Child);
 
 impl Drop for Sidecar {
@@ -109,7 +90,10 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
     let policies = tmp.path().join("policies.yaml");
     std::fs::write(&policies, POLICY).expect("write");
     let socket = tmp.path().join("rebound.sock");
-    let (grpc, admin) = (free_port(), free_port());
+    let (grpc, admin) = (
+        free_port().expect("a free port"),
+        free_port().expect("a free port"),
+    );
     let mut sidecar = spawn_binary(&policies, grpc, admin, &socket);
 
     // kubelet's probe: gRPC health on the admin port.
@@ -157,18 +141,13 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
     let over_uds = uds.decide(ask).await.expect("uds decide").into_inner();
     assert_eq!(over_uds, over_tcp);
 
-    let metrics = http_get(admin, "/metrics");
-    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
-    let (head, body) = metrics.split_once("\r\n\r\n").expect("an HTTP response");
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim())
-        })
-        .expect("a content type");
-    assert_eq!(content_type, rebound_sidecar::metrics::CONTENT_TYPE);
+    let metrics = http_get(admin, "/metrics").expect("GET /metrics");
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+    assert_eq!(
+        metrics.header("content-type"),
+        Some(rebound_sidecar::metrics::CONTENT_TYPE)
+    );
+    let body = metrics.body.as_str();
     assert_eq!(
         common::sample(body, "rebound_sidecar_config_state{state=\"active\"}"),
         Some(1.0),
@@ -271,18 +250,14 @@ async fn metrics_status_beyond_loopback(opt_in: bool) -> (String, i32) {
     ));
     let response = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
         .await
-        .expect("get");
+        .expect("get")
+        .expect("GET /metrics");
     // Without the route the gRPC router answers (HTTP 200, `application/grpc`,
     // grpc-status UNIMPLEMENTED); the metrics route answers OpenMetrics text.
-    let head = response.split("\r\n\r\n").next().unwrap_or_default();
-    let status = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_default();
+    let status = response
+        .header("content-type")
+        .unwrap_or_default()
+        .to_owned();
     let mut health = HealthClient::new(client::tcp_channel(admin).await.expect("health"));
     let serving = health_status(&mut health, "").await;
     let _ = stop.send(());
@@ -312,7 +287,10 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let policies = tmp.path().join("policies.yaml");
     std::fs::write(&policies, POLICY).expect("write");
-    let (grpc, admin) = (free_port(), free_port());
+    let (grpc, admin) = (
+        free_port().expect("a free port"),
+        free_port().expect("a free port"),
+    );
     let child = Command::new(env!("CARGO_BIN_EXE_rebound-sidecar"))
         .env("REBOUND_POLICIES_FILE", &policies)
         .env("REBOUND_LISTEN", grpc.to_string())
@@ -331,8 +309,10 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
         }
         let response = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
             .await
-            .expect("get");
+            .expect("get")
+            .expect("GET /metrics");
         namespace = response
+            .body
             .lines()
             .find_map(|l| l.strip_prefix("rebound_sidecar_config_info{namespace=\""))
             .and_then(|rest| rest.split_once('"'))

@@ -5,7 +5,6 @@
 mod common;
 
 use std::{
-    net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -48,11 +47,6 @@ fn python_has_grpc() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
 }
 
 struct Sidecar(Child);
@@ -99,7 +93,7 @@ async fn python_grpcio_client_calls_every_rpc() {
     let policies = tmp.path().join("policies.yaml");
     std::fs::write(&policies, POLICIES).expect("write");
     let socket = tmp.path().join("rebound.sock");
-    let grpc = free_port();
+    let grpc = rebound_test_support::free_port().expect("a free port");
     let _sidecar = Sidecar(
         Command::new(env!("CARGO_BIN_EXE_rebound-sidecar"))
             .arg("--policies-file")

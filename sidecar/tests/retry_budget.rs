@@ -10,7 +10,7 @@ use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
 
 use common::sample;
 use rebound_policy::{
-    CompiledDocument, Context, Decision, PolicyTable, decide, retry_budget::RetryBudget,
+    CompiledDocument, Context, Decision, PolicyTable, decide, resolve::RetryBudget,
 };
 use rebound_sidecar::{
     pb::v1::{self as pb, decide_result, retry_advisor_client::RetryAdvisorClient},

@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Container;
+
+use rebound_test_support::workspace_binary;
 
 use crate::{Cluster, repo_root, unique_name};
 
@@ -32,22 +34,6 @@ impl Running {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
-}
-
-/// A binary of this workspace, next to the test executable's `deps/` directory.
-pub fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("test executable has no target dir")?;
-    let path = dir.join(name);
-    ensure!(
-        path.exists(),
-        "{} is missing: run `cargo test --workspace` (or `cargo build --bins`) first",
-        path.display()
-    );
-    Ok(path)
 }
 
 /// The container's arguments with `$(VAR)` expanded from its environment, and that

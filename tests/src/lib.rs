@@ -18,6 +18,7 @@ pub mod doc;
 pub mod helm;
 pub mod kubelet;
 pub mod lease;
+pub mod module_graph;
 pub mod node;
 
 pub use cluster::{

@@ -18,6 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use rebound_test_support::{eventually_blocking, free_port};
 use rebound_tests::doc::{CommandRun, ShellBlock, run_block, shell_blocks};
 use rebound_tests::{Cluster, repo_root, unique_name, yaml_documents};
 use serde_json::Value;
@@ -306,20 +307,8 @@ impl Drop for Background {
     }
 }
 
-fn eventually(what: &str, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let last = match check() {
-            Ok(true) => return Ok(()),
-            Ok(false) => None,
-            Err(e) => Some(e),
-        };
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what} (last error: {last:?})");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+/// How long a set-up waits for what it started to answer.
+const SETUP_WAIT: Duration = Duration::from_secs(90);
 
 fn port_free(port: u16) -> bool {
     TcpListener::bind(("127.0.0.1", port)).is_ok()
@@ -378,9 +367,9 @@ fn set_up(
                 env,
             )?;
             let addr: SocketAddr = "127.0.0.1:7411".parse()?;
-            eventually("the sidecar to serve", || {
+            eventually_blocking("the sidecar to serve", SETUP_WAIT, || {
                 if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let out = Command::new("grpcurl")
                     .args(["-plaintext", "-d", r#"{"service":""}"#, "127.0.0.1:7411"])
@@ -389,7 +378,7 @@ fn set_up(
                     .stdin(Stdio::null())
                     .output()?;
                 let health: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-                Ok(out.status.success() && health["status"] == "SERVING")
+                Ok((out.status.success() && health["status"] == "SERVING").then_some(()))
             })
             .with_context(|| sidecar.log_tail())?;
             Ok(Ok(Running::Process(sidecar)))
@@ -409,7 +398,7 @@ fn set_up(
                     policy.into(),
                 ])?
                 .ok()?;
-            let metrics = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+            let metrics = free_port()?;
             let operator = Background::start(
                 &bin.join("rebound-operator"),
                 &[
@@ -431,7 +420,7 @@ fn set_up(
                 ])?
                 .ok()
                 .with_context(|| operator.log_tail())?;
-            eventually("the ConfigMap rebound-policies in shop", || {
+            eventually_blocking("the ConfigMap rebound-policies in shop", SETUP_WAIT, || {
                 Ok(cluster
                     .kubectl([
                         "-n",
@@ -442,7 +431,8 @@ fn set_up(
                         "-o",
                         "name",
                     ])?
-                    .success())
+                    .success()
+                    .then_some(()))
             })?;
             Ok(Ok(Running::Process(operator)))
         }
@@ -495,7 +485,7 @@ fn build_binaries() -> Result<PathBuf> {
         .stdin(Stdio::null())
         .status()?;
     ensure!(status.success(), "cargo build of the binaries failed");
-    let bin = rebound_tests::kubelet::workspace_binary("rebound")?;
+    let bin = rebound_test_support::workspace_binary("rebound")?;
     Ok(bin.parent().context("no bin dir")?.to_path_buf())
 }
 

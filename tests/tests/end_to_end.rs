@@ -4,7 +4,7 @@
 //! (built by `cargo test --workspace`), talking to the real kube-apiserver.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -12,6 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use rebound_sidecar::pb::v1::{DecideRequest, retry_advisor_client::RetryAdvisorClient};
+use rebound_test_support::{free_port, workspace_binary};
 use rebound_tests::{TestEnv, unique_name};
 use tonic::transport::Channel;
 
@@ -23,27 +24,6 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A binary of this workspace, next to the test executable's `deps/` directory.
-fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("test executable has no target dir")?;
-    let path = dir.join(name);
-    if !path.exists() {
-        bail!(
-            "{} is missing: run `cargo test --workspace` (or `cargo build --bins`) first",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 fn spawn(name: &str, env: &TestEnv, args: &[String]) -> Result<Running> {
@@ -219,7 +199,7 @@ async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()>
     let doc = configmap_document(&env)?;
     assert_eq!(
         doc.policies[0].params.retry_budget,
-        Some(rebound_policy::retry_budget::RetryBudget {
+        Some(rebound_policy::resolve::RetryBudget {
             rate_per_second: 1,
             burst: 1
         })

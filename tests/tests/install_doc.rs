@@ -5,57 +5,21 @@
 //! certificates for those identities, so only the RBAC the page installed applies).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use rebound_test_support::{eventually, free_port, http_get};
 use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::Helm;
 use rebound_tests::kubelet::{Running, move_flags, resolve, start_as};
 use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name};
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed HTTP response"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| anyhow!("no status in {head:?}"))?;
-    Ok((code, body.to_owned()))
-}
-
-async fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let last = match check() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => None,
-            Err(e) => Some(e),
-        };
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what} (last error: {last:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+/// How long the test waits for a process it started to answer.
+const WAIT: Duration = Duration::from_secs(60);
 
 /// Starts `binary` as the Pod of `deployment` would run its `container`, as the Pod's
 /// service account; `listen` moves a flag's address (or path) elsewhere on this machine.
@@ -170,10 +134,11 @@ async fn the_install_page_works_as_written() -> Result<()> {
                 .and_then(|p| p.http_get)
                 .and_then(|h| h.path)
                 .context("no readiness probe path")?;
-            eventually("the operator's readiness probe", || {
-                Ok(http_get(metrics, &probe_path)
+            let probe_path = probe_path.as_str();
+            eventually("the operator's readiness probe", WAIT, || async move {
+                Ok(http_get(metrics, probe_path)
                     .ok()
-                    .filter(|(c, _)| *c == 200)
+                    .filter(|response| response.status == 200)
                     .map(drop))
             })
             .await
@@ -199,10 +164,11 @@ async fn the_install_page_works_as_written() -> Result<()> {
             )
             .await?;
             // Loaded through its watch, with only the Role's rights.
-            eventually("the sidecar to load the ConfigMap", || {
-                let (code, body) = http_get(admin, "/metrics")?;
-                ensure!(code == 200, "GET /metrics: {code}");
-                Ok(body
+            eventually("the sidecar to load the ConfigMap", WAIT, || async move {
+                let response = http_get(admin, "/metrics")?;
+                ensure!(response.status == 200, "GET /metrics: {}", response.status);
+                Ok(response
+                    .body
                     .lines()
                     .filter_map(|l| label_value(l, "rebound_sidecar_config_state", "state"))
                     .any(|(state, v)| state == "active" && v == 1.0)

@@ -23,7 +23,7 @@ const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { createRebound } = require('..');
-const { preparePolicy, decidePrepared } = require('../lib/decide');
+const { PreparedPolicy, decidePrepared } = require('../lib/decide');
 const { loadPackage, LOADER_OPTIONS } = require('../lib/client');
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
@@ -129,7 +129,7 @@ async function measureFallback() {
     jitterRatio: 0, scheduleMs: [], maxAttempts: 25, maxRetryDurationMs: 86400000,
     nonRetryableErrors: ['InvalidEndpoint', 'http.410'], terminal: 'DISPOSITION_DEAD_LETTER', deadLetterQueue: 'webhooks-dead',
   };
-  const prepared = preparePolicy(policy, 'bench/webhooks');
+  const prepared = new PreparedPolicy(policy, 'bench/webhooks');
   const local = [];
   const now = Date.now();
   for (let i = 0; i < 20000; i++) {

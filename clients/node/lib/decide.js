@@ -200,13 +200,13 @@ function toBig(v) {
  * A policy prepared for repeated decisions: the identity hash and the globs computed once.
  * `policy` is a ResolvedPolicy in proto3 JSON names; `identity` is "namespace/name".
  */
-function preparePolicy(policy, identity) {
-  return {
-    params: policy,
-    identity,
-    identitySeed: fnv1a64(identity),
-    globs: policy.nonRetryableErrors.map((p) => [p, compileGlob(p)]),
-  };
+class PreparedPolicy {
+  constructor(policy, identity) {
+    this.params = policy;
+    this.identity = identity;
+    this.identitySeed = fnv1a64(identity);
+    this.globs = policy.nonRetryableErrors.map((p) => [p, compileGlob(p)]);
+  }
 }
 
 /**
@@ -278,13 +278,13 @@ function decidePrepared(prepared, attempt, ctx = {}) {
 
 /** One-shot form: `decideLocal(policy, identity, attempt, context)`. */
 function decideLocal(policy, identity, attempt, ctx) {
-  return decidePrepared(preparePolicy(policy, identity), attempt, ctx);
+  return decidePrepared(new PreparedPolicy(policy, identity), attempt, ctx);
 }
 
 module.exports = {
   decideLocal,
   decidePrepared,
-  preparePolicy,
+  PreparedPolicy,
   fnv1a64,
   mix64,
   compileGlob,

@@ -6,7 +6,7 @@
 const crypto = require('node:crypto');
 const { EventEmitter } = require('node:events');
 const { AdvisorClient, resolvedFromWire, policyRefFromWire, grpc } = require('./client');
-const { preparePolicy, decidePrepared } = require('./decide');
+const { PreparedPolicy, decidePrepared } = require('./decide');
 
 /** Above every valid maxAttempts (10000), so the job library's own limit never decides. */
 const LIBRARY_ATTEMPTS = 10001;
@@ -157,7 +157,7 @@ function checkOptions(o) {
       if (typeof p[f] !== 'string') throw new TypeError(`defaultPolicy.${f}: must be a proto enum value name`);
     }
     try {
-      decidePrepared(preparePolicy(p, DEFAULT_IDENTITY), 1, { jobId: 'check' });
+      decidePrepared(new PreparedPolicy(p, DEFAULT_IDENTITY), 1, { jobId: 'check' });
     } catch (e) {
       throw new TypeError(`defaultPolicy.${String(e.message).replace(/^policy\./, '')}`);
     }
@@ -180,7 +180,7 @@ class ReboundCore extends EventEmitter {
     // Drop leaves the job in the library's failed set (the contract); removing it is opt-in.
     this.dropRemoves = options.dropRemoves ?? false;
     this.logger = options.logger === false ? SILENT : options.logger || jsonLogger();
-    this.defaultPrepared = preparePolicy(options.defaultPolicy || DEFAULT_POLICY, DEFAULT_IDENTITY);
+    this.defaultPrepared = new PreparedPolicy(options.defaultPolicy || DEFAULT_POLICY, DEFAULT_IDENTITY);
     this.client = new AdvisorClient(this.target, this.deadlineMs, fromEnv ? 'REBOUND_TARGET' : 'target');
     /** Prefetched queues whose GetPolicy could not reach the sidecar: fetched again on reconnect. */
     this.unfetched = new Set();
@@ -376,7 +376,7 @@ class ReboundCore extends EventEmitter {
         const cached = this.policies.get(queue);
         if (cached && cached.ref.configHash === ref.configHash && cached.ref.name === ref.name) return;
         const resolved = resolvedFromWire(res.resolved);
-        const prepared = preparePolicy(resolved, `${ref.namespace}/${ref.name}`);
+        const prepared = new PreparedPolicy(resolved, `${ref.namespace}/${ref.name}`);
         this.policies.set(queue, { ref, resolved, prepared });
         this.logger.info({ event: 'rebound.policy', queue, policy: ref.name, namespace: ref.namespace, configHash: ref.configHash }, 'fallback policy cached');
       })

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -115,9 +115,7 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok((ticks(11) + ticks(12)) / 100.0)
 }
 
-pub fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
+pub use rebound_test_support::free_port;
 
 pub fn scrape(addr: SocketAddr, name: &str) -> Result<f64> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;

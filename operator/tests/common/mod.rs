@@ -2,8 +2,7 @@
 //! against a real control plane, and read back what it did.
 #![allow(dead_code)] // each test file uses a different subset
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use kube::api::ListParams;
 use rebound_policy::compiled::{CONFIGMAP_KEY, CompiledDocument};
 use rebound_policy::spec::Condition;
 use rebound_policy::{PolicySource, RetryPolicy, compile};
+pub use rebound_test_support::{eventually, free_port, http_get};
 
 pub const CM: &str = "rebound-policies";
 
@@ -100,7 +100,7 @@ impl Operator {
 
     /// The value of an unlabelled metric, or the sum over a labelled one's series.
     pub fn metric(&self, name: &str) -> Result<f64> {
-        let text = http_get(self.metrics, "/metrics")?;
+        let text = http_get(self.metrics, "/metrics")?.ok()?;
         Ok(metric_sum(&text, name))
     }
 
@@ -181,54 +181,6 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn free_port() -> Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?)
-}
-
-/// A minimal HTTP/1.1 GET (the metrics endpoint is plain HTTP on localhost).
-pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed HTTP response"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
-    }
-    Ok(body.to_owned())
-}
-
-/// Polls `check` every `every` until it returns `Some`, or fails after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last_error = None;
-    loop {
-        match check().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_error = Some(e),
-        }
-        if Instant::now() > deadline {
-            return Err(match last_error {
-                Some(e) => e.context(format!("timed out after {timeout:?} waiting for {what}")),
-                None => anyhow!("timed out after {timeout:?} waiting for {what}"),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A RetryPolicy manifest.

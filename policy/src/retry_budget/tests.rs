@@ -401,7 +401,7 @@ fn without_a_deadline_the_horizon_is_the_longest_duration() {
 
 #[test]
 fn the_storm_simulation_is_deterministic_and_within_budget() {
-    use crate::{decide::Policy, simulate::simulate_budget};
+    use crate::{decide::PreparedPolicy, simulate::simulate_budget};
     let mut params = policy(Some(3_600_000));
     params.strategy = Strategy::Exponential;
     params.multiplier = 2.0;
@@ -409,7 +409,7 @@ fn the_storm_simulation_is_deterministic_and_within_budget() {
     params.jitter = JitterKind::Full;
     params.max_attempts = 4;
     params.retry_budget = Some(budget(10, 1));
-    let p = Policy::new("ns/storm", params.clone());
+    let p = PreparedPolicy::new("ns/storm", params.clone());
     let a = simulate_budget(&p, 1_000, 42).expect("budgeted");
     assert_eq!(Some(&a), simulate_budget(&p, 1_000, 42).as_ref());
     assert_eq!(
@@ -422,7 +422,7 @@ fn the_storm_simulation_is_deterministic_and_within_budget() {
     assert!(a.last_retry_at_ms >= 299_000, "{a:?}");
     params.retry_budget = None;
     assert_eq!(
-        simulate_budget(&Policy::new("ns/storm", params), 10, 1),
+        simulate_budget(&PreparedPolicy::new("ns/storm", params), 10, 1),
         None
     );
 }

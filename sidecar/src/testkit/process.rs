@@ -1,7 +1,7 @@
 //! A sidecar process started by a benchmark, and what `/proc` says about it.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
 };
@@ -62,11 +62,6 @@ pub fn main_thread_cpu_ns(pid: u32) -> u64 {
 
 pub fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
-/// A loopback address with a port the OS just handed out (free until someone binds it).
-pub fn free_port() -> std::io::Result<SocketAddr> {
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 /// `given`, else the `rebound-sidecar` binary next to the running program: examples are

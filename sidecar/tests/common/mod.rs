@@ -114,22 +114,18 @@ pub async fn health_status(client: &mut HealthClient<Channel>, service: &str) ->
 pub const SERVING: i32 = 1;
 pub const NOT_SERVING: i32 = 2;
 
-/// Polls `check` until it returns true, or fails the test after `timeout`.
+/// [`rebound_test_support::eventually`] for a condition: fails the test after `timeout`.
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let polled = rebound_test_support::eventually(what, timeout, || {
+        let holds = check();
+        async move { Ok(holds.await.then_some(())) }
+    });
+    if let Err(e) = polled.await {
+        panic!("{e:#}");
     }
 }
 

@@ -75,9 +75,9 @@ module Rebound
       @client = @target_error ? nil : Client.new(@target, deadline_ms / 1000.0)
       check_target! if strict
       @store = store
-      @default = Decide::Prepared.new(default_policy || DEFAULT_POLICY, DEFAULT_IDENTITY)
+      @default = Decide::PreparedPolicy.new(default_policy || DEFAULT_POLICY, DEFAULT_IDENTITY)
       @lock = Mutex.new
-      @policies = {} # queue -> [config_hash, resolved, Prepared]
+      @policies = {} # queue -> [config_hash, resolved, PreparedPolicy]
       @refreshing = {}
       @pending = [] # queues a prefetch could not load from the sidecar
       @counters = {"decisions" => Hash.new(0), "fallback" => Hash.new(0), "dead_lettered" => 0, "dropped" => 0}
@@ -230,7 +230,7 @@ module Rebound
     end
 
     def remember(queue, config_hash, resolved, identity)
-      prepared = Decide::Prepared.new(resolved, identity)
+      prepared = Decide::PreparedPolicy.new(resolved, identity)
       @lock.synchronize { @policies[queue] = [config_hash, resolved, prepared] }
     end
 

@@ -176,7 +176,7 @@ module Rebound
     end
 
     # A ResolvedPolicy (proto3 JSON names) with its identity hash and globs computed once.
-    class Prepared
+    class PreparedPolicy
       attr_reader :params, :identity, :identity_seed, :globs
 
       def initialize(policy, identity)
@@ -245,7 +245,7 @@ module Rebound
 
     # One-shot form of decide_prepared.
     def decide_local(policy, identity, attempt, ctx = {})
-      decide_prepared(Prepared.new(policy, identity), attempt, ctx)
+      decide_prepared(PreparedPolicy.new(policy, identity), attempt, ctx)
     end
   end
 end

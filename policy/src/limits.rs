@@ -1,0 +1,24 @@
+//! Every bound on a policy, in one place: the CRD schema, the Rust validator and the
+//! retry-budget scheduler read them from here.
+//!
+//! The bounds of the text formats themselves (duration length and range, name length)
+//! stay with their parsers in [`crate::duration`] and [`crate::pattern`].
+
+pub const MAX_QUEUES: usize = 64;
+pub const MAX_ERROR_CLASSES: usize = 64;
+pub const MAX_SCHEDULE: usize = 100;
+pub const MAX_ATTEMPTS: u32 = 10_000;
+pub const MAX_MULTIPLIER: f64 = 100.0;
+
+pub const MAX_RATE_PER_SECOND: u32 = 100_000;
+pub const MAX_BURST: u32 = 100_000;
+pub const DEFAULT_BURST: u32 = 1;
+/// Longest slot: a burst may not cover more than a minute of the rate.
+pub const MAX_SLOT_SECONDS: u32 = 60;
+/// How far ahead a policy without `maxRetryDuration` may book: the longest duration a
+/// policy can state (8760h). A retry that would run later gives up with `Deadline`.
+pub const MAX_BOOK_AHEAD_MS: u64 = crate::duration::MAX_DURATION_MS;
+/// Answers remembered per policy for repeated questions.
+pub const MEMO_CAPACITY: usize = 65_536;
+/// Runs of booked slots held per policy; at it, the smallest gaps are merged as full.
+pub const MAX_RUNS: usize = 16_384;

@@ -1,0 +1,53 @@
+//! No crate of the workspace has a cycle of `crate::` edges between its top-level modules
+//! (see `rebound_tests::module_graph` for what counts as an edge).
+
+use anyhow::{Context, Result, bail};
+use rebound_tests::{module_graph::ModuleGraph, repo_root};
+
+/// The `members = [...]` of the workspace's Cargo.toml.
+fn workspace_members() -> Result<Vec<String>> {
+    let path = repo_root().join("Cargo.toml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let Some(list) = text
+        .lines()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix("members"))
+        .and_then(|rest| rest.trim_start().strip_prefix('='))
+    else {
+        bail!("no `members = [...]` line in {}", path.display());
+    };
+    let members: Vec<String> = list
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .filter(|m| !m.is_empty())
+        .collect();
+    if members.is_empty() {
+        bail!("`members` of {} is empty", path.display());
+    }
+    Ok(members)
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() -> Result<()> {
+    let mut found = Vec::new();
+    let mut modules = 0;
+    for member in workspace_members()? {
+        let src = repo_root().join(&member).join("src");
+        let graph = ModuleGraph::from_src(&src)?;
+        modules += graph.edges().len();
+        for cycle in graph.cycles() {
+            found.push(format!("{member}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(modules > 0, "no module found in any member's src/");
+    assert!(
+        found.is_empty(),
+        "module cycles (break each by moving what both sides need into a module below them):\n  {}",
+        found.join("\n  ")
+    );
+    Ok(())
+}

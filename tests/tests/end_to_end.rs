@@ -195,7 +195,12 @@ async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()>
             "jsonpath={.status.summary.retryBudget}",
         ])?
         .ok()?;
-    assert_eq!(summary.stdout.trim(), "1/s, burst 1 (1s slots)");
+    // No sidecar holds a Lease in this namespace yet, so the operator cannot say how many
+    // share the budget (docs/operator.md).
+    assert_eq!(
+        summary.stdout.trim(),
+        "1/s, burst 1 (1s slots) per sidecar (no sidecar Leases)"
+    );
     let doc = configmap_document(&env)?;
     assert_eq!(
         doc.policies[0].params.retry_budget,

@@ -1,6 +1,8 @@
 //! Per-policy retry-budget schedulers ([`rebound_policy::retry_budget`]), held next to the
 //! loaded configuration and carried over when a reload leaves a policy's budget as it
 //! was, so a reload in the middle of a storm does not forget the retries already booked.
+//! Every scheduler books only this sidecar's share of the slots ([`FleetShare`]), read
+//! from memory under the scheduler's lock on each booking.
 
 use std::{
     collections::HashMap,
@@ -13,25 +15,37 @@ use rebound_policy::{
     retry_budget::{Ask, Budgeted, RetryBudget, Scheduler},
 };
 
-use crate::metrics::{BudgetSeries, Metrics};
+use crate::{
+    fleet_share::FleetShare,
+    metrics::{BudgetSeries, Metrics},
+};
 
 /// One budgeted policy's scheduler and its metric handles.
 #[derive(Debug)]
 pub struct PolicyBudget {
     scheduler: Mutex<Scheduler>,
     series: BudgetSeries,
+    fleet: Arc<FleetShare>,
 }
 
 impl PolicyBudget {
-    fn new(budget: RetryBudget, series: BudgetSeries) -> Self {
+    fn new(budget: RetryBudget, series: BudgetSeries, fleet: Arc<FleetShare>) -> Self {
+        let mut scheduler = Scheduler::new(budget);
+        scheduler.set_share(fleet.share());
         Self {
-            scheduler: Mutex::new(Scheduler::new(budget)),
+            scheduler: Mutex::new(scheduler),
             series,
+            fleet,
         }
     }
 
     pub fn budget(&self) -> RetryBudget {
         self.lock().budget()
+    }
+
+    /// The slots this scheduler books now (what the next booking will use).
+    pub fn share(&self) -> rebound_policy::retry_budget::SlotShare {
+        self.fleet.share()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Scheduler> {
@@ -43,7 +57,16 @@ impl PolicyBudget {
     /// Applies the budget to `decide`'s answer and counts what it did.
     pub fn apply(&self, params: &ResolvedPolicy, decision: Decision, ask: &Ask<'_>) -> Budgeted {
         let was_retry = matches!(decision, Decision::Retry { .. });
-        let answer = self.lock().apply(params, decision, ask);
+        let answer = {
+            let mut scheduler = self.lock();
+            // The share is read under the lock, so no booking uses one older than the
+            // last the fleet task published before the booking began.
+            let share = self.fleet.share();
+            if scheduler.share() != share {
+                scheduler.set_share(share);
+            }
+            scheduler.apply(params, decision, ask)
+        };
         if !was_retry {
             return answer;
         }
@@ -85,7 +108,11 @@ impl Budgets {
                 .filter(|b| b.budget() == budget)
                 .cloned();
             let entry = kept.unwrap_or_else(|| {
-                Arc::new(PolicyBudget::new(budget, metrics.budget_series(&identity)))
+                Arc::new(PolicyBudget::new(
+                    budget,
+                    metrics.budget_series(&identity),
+                    Arc::clone(metrics.fleet()),
+                ))
             });
             by_identity.insert(identity, entry);
         }
@@ -102,6 +129,7 @@ impl Budgets {
     /// Schedulers with metric handles registered nowhere: for answering without a store
     /// (unit tests, the fuzz target).
     pub fn detached(doc: &CompiledDocument) -> Self {
+        let fleet = Arc::new(FleetShare::default());
         let by_identity = doc
             .policies
             .iter()
@@ -114,7 +142,8 @@ impl Budgets {
                     repeats: Counter::default(),
                     added_delay: Histogram::new([0.0]),
                 };
-                Some((p.identity(), Arc::new(PolicyBudget::new(budget, series))))
+                let budget = PolicyBudget::new(budget, series, Arc::clone(&fleet));
+                Some((p.identity(), Arc::new(budget)))
             })
             .collect();
         Self { by_identity }

@@ -13,6 +13,7 @@ use rebound_policy::{
 };
 
 use crate::{
+    fleet_share::BudgetScope,
     metrics::Outcome,
     pb::{EncodedBound, count_field, server as wire, v1 as pb},
     retry_budgets::Budgets,
@@ -296,6 +297,9 @@ pub fn decide_one(
     let (mut response, outcome) = to_response(answer.decision, policy_ref(cfg, entry));
     response.budget_stretched = answer.stretched;
     response.budget_delay_ms = answer.added_ms;
+    if response.decision == i32::from(pb::Decision::Retry) {
+        response.budget_retry_at_unix_ms = now_ms.saturating_add(response.delay_ms);
+    }
     Ok((response, outcome))
 }
 
@@ -399,10 +403,28 @@ pub fn get_policy(
 ) -> Result<pb::GetPolicyResponse, RequestError> {
     let queue = check_queue(&req.queue)?;
     let entry = lookup(cfg, queue)?;
+    let budget_scope = entry
+        .policy
+        .params()
+        .retry_budget
+        .and(cfg.budgets.get(entry.policy.identity()))
+        .map(|b| budget_scope_to_wire(b.scope(), b.stale()));
     Ok(pb::GetPolicyResponse {
         policy: Some(policy_ref(cfg, entry)),
         resolved: Some(resolved_to_wire(entry.policy.params())),
+        budget_scope,
     })
+}
+
+/// The wire form of a budget's scope.
+pub fn budget_scope_to_wire(scope: BudgetScope, stale: bool) -> pb::BudgetScope {
+    let share = scope.share();
+    pb::BudgetScope {
+        per_pod: scope == BudgetScope::PerPod,
+        members: share.members,
+        member: share.member,
+        stale: stale && scope != BudgetScope::PerPod,
+    }
 }
 
 /// The wire form of a resolved policy.

@@ -43,9 +43,14 @@ impl PolicyBudget {
         self.lock().budget()
     }
 
-    /// The slots this scheduler books now (what the next booking will use).
-    pub fn share(&self) -> rebound_policy::retry_budget::SlotShare {
-        self.fleet.share()
+    /// Over what the budget is enforced now (what the next booking will use).
+    pub fn scope(&self) -> crate::fleet_share::BudgetScope {
+        self.fleet.scope()
+    }
+
+    /// Whether the membership behind [`Self::scope`] could not be refreshed.
+    pub fn stale(&self) -> bool {
+        self.fleet.stale()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Scheduler> {

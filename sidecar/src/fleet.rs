@@ -131,6 +131,8 @@ impl Fleet {
             synced: false,
             watch_ok: false,
             renew_ok: false,
+            renew_tried: false,
+            watch_failed: false,
             acquired: Timestamp::now(),
             view: None,
             known: known_tx,
@@ -193,6 +195,9 @@ struct Member {
     watch_ok: bool,
     /// The last renewal succeeded.
     renew_ok: bool,
+    /// A renewal was tried / the watch failed before (log transitions only).
+    renew_tried: bool,
+    watch_failed: bool,
     acquired: Timestamp,
     view: Option<View>,
     known: watch::Sender<bool>,
@@ -248,12 +253,13 @@ impl Member {
                 self.renew_ok = true;
             }
             Err(error) => {
-                if self.renew_ok || !self.synced {
+                if self.renew_ok || !self.renew_tried {
                     tracing::warn!(lease = %self.own, namespace = %self.config.namespace, %error, "cannot renew the fleet Lease");
                 }
                 self.renew_ok = false;
             }
         }
+        self.renew_tried = true;
     }
 
     fn event(&mut self, event: watcher::Event<Lease>) {
@@ -293,10 +299,11 @@ impl Member {
     }
 
     fn watch_failed(&mut self, error: &watcher::Error) {
-        if self.watch_ok || !self.synced {
+        if self.watch_ok || !self.watch_failed {
             tracing::warn!(namespace = %self.config.namespace, %error, "cannot watch the fleet's Leases");
         }
         self.watch_ok = false;
+        self.watch_failed = true;
     }
 
     /// Publishes the membership at `now_ms`, or keeps the last one while the API cannot

@@ -177,3 +177,66 @@ impl Budgets {
         self.by_identity.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use rebound_policy::retry_budget::SlotShare;
+
+    use super::*;
+    use crate::fleet_share::BudgetScope;
+
+    const YAML: &str = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: orders}\nspec:\n  queues: [orders]\n  backoff: {strategy: constant, base: 1s, jitter: {kind: none}}\n  maxAttempts: 9\n  retryBudget: {ratePerSecond: 10, burst: 1}\n";
+
+    #[test]
+    fn schedulers_book_the_fleet_share_also_when_built_after_it_changed() {
+        let doc =
+            crate::store::compile_manifests(&[(PathBuf::from("a.yaml"), YAML.to_owned())], "ns")
+                .unwrap();
+        let metrics = Metrics::default();
+        let share = SlotShare::new(1, 3).unwrap();
+        metrics.fleet().set(BudgetScope::Fleet(share));
+        let budgets = Budgets::build(&doc, None, &metrics);
+        let policy = &doc.policies[0];
+        let budget = budgets.get(&policy.identity()).unwrap();
+        assert_eq!(budget.scope(), BudgetScope::Fleet(share));
+
+        let resolved = &policy.params;
+        let slot_of = |now: u64, delay: u64| (now + delay) / 100;
+        let mut slots = Vec::new();
+        for job in 0..6 {
+            let id = format!("job-{job}");
+            let ask = Ask {
+                queue: "orders",
+                job_id: Some(&id),
+                attempt: 1,
+                now_ms: 10_000,
+                first_failure_ms: None,
+            };
+            let answer = budget.apply(resolved, Decision::Retry { delay_ms: 1_000 }, &ask);
+            let Decision::Retry { delay_ms } = answer.decision else {
+                panic!("{answer:?}");
+            };
+            slots.push(slot_of(10_000, delay_ms));
+        }
+        // Slots 110.. owned by member 1 of 3: 112, 115, 118, ...
+        assert_eq!(slots, [112, 115, 118, 121, 124, 127]);
+
+        // A change reaches the existing scheduler on its next booking.
+        metrics.fleet().set(BudgetScope::PerPod);
+        let ask = Ask {
+            queue: "orders",
+            job_id: Some("job-x"),
+            attempt: 1,
+            now_ms: 10_000,
+            first_failure_ms: None,
+        };
+        let answer = budget.apply(resolved, Decision::Retry { delay_ms: 1_000 }, &ask);
+        let Decision::Retry { delay_ms } = answer.decision else {
+            panic!("{answer:?}");
+        };
+        // Whole budget again, past this member's furthest booking (127).
+        assert_eq!(slot_of(10_000, delay_ms), 128);
+    }
+}

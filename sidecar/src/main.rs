@@ -177,7 +177,8 @@ async fn run(args: Args) -> Result<()> {
     let mut watch_task = None;
     let mut fleet = None;
     let lease_duration = Duration::from_millis(args.lease_duration.as_millis());
-    if args.configmap.is_none() || args.pod_name.is_none() {
+    let pod_name = args.pod_name.filter(|p| !p.trim().is_empty());
+    if args.configmap.is_none() || pod_name.is_none() {
         tracing::info!(
             scope = "pod",
             reason = if args.configmap.is_none() {
@@ -202,7 +203,7 @@ async fn run(args: Args) -> Result<()> {
         let started = configmap(
             &target,
             args.key,
-            args.pod_name,
+            pod_name,
             lease_duration,
             fleet_share,
             Arc::clone(&store),
@@ -248,7 +249,7 @@ async fn configmap(
         .map_err(|e: String| anyhow::anyhow!("--configmap: {e}"))?;
     let client = ConfigMapSource::client().await?;
     let mut fleet = None;
-    if let Some(pod) = pod_name.filter(|p| !p.is_empty()) {
+    if let Some(pod) = pod_name {
         let config = FleetConfig {
             namespace: target.namespace.clone(),
             configmap: target.name.clone(),

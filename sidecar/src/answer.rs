@@ -465,6 +465,73 @@ mod tests {
 
     use super::*;
 
+    /// A budgeted policy answers with its scheduled time and, in GetPolicy, its scope: per
+    /// Pod without a fleet (the detached schedulers of a document answered on its own).
+    #[test]
+    fn a_budgeted_policy_names_its_retry_time_and_scope() {
+        let spec = RetryPolicySpec {
+            queues: vec!["orders".to_owned()],
+            backoff: None,
+            max_attempts: Some(3),
+            max_retry_duration: None,
+            non_retryable_errors: Vec::new(),
+            terminal: None,
+            retry_budget: Some(rebound_policy::spec::RetryBudgetSpec {
+                rate_per_second: 10,
+                burst: Some(1),
+            }),
+        };
+        let params = resolve(&spec).expect("valid spec");
+        let doc = CompiledDocument::new(
+            "ns",
+            vec![CompiledPolicy {
+                name: "p".to_owned(),
+                namespace: "ns".to_owned(),
+                uid: String::new(),
+                generation: 1,
+                queues: spec.queues.clone(),
+                params,
+            }],
+        );
+        let cfg = Snapshot::new(&doc);
+        let now = 1_700_000_000_000;
+        let req = wire::DecideRequest {
+            queue: "orders".into(),
+            attempt: 1,
+            job_id: "j".into(),
+            ..Default::default()
+        };
+        let (r, _) = decide_one(&cfg, &req, now).expect("answered");
+        assert_eq!(r.budget_retry_at_unix_ms, now + r.delay_ms);
+        let policy = get_policy(
+            &cfg,
+            &wire::GetPolicyRequest {
+                queue: "orders".into(),
+            },
+        )
+        .expect("answered");
+        assert_eq!(
+            policy.budget_scope,
+            Some(pb::BudgetScope {
+                per_pod: true,
+                members: 1,
+                member: 0,
+                stale: false,
+            })
+        );
+        assert_eq!(
+            get_policy(
+                &loaded(&["plain"]),
+                &wire::GetPolicyRequest {
+                    queue: "plain".into()
+                }
+            )
+            .expect("answered")
+            .budget_scope,
+            None
+        );
+    }
+
     fn loaded(queues: &[&str]) -> Snapshot {
         let spec = RetryPolicySpec {
             queues: queues.iter().map(|q| (*q).to_owned()).collect(),

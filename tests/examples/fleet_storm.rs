@@ -12,6 +12,7 @@
 //!
 //! cargo build --release -p rebound-sidecar --bins
 //! cargo run --release -p rebound-tests --example fleet_storm -- --sidecars 1,3,6 --jobs 10000
+//! (`--sidecar PATH` for another binary, `--calls`, `--rate`, `--burst`, `--in-flight`)
 
 use std::{
     collections::BTreeMap,
@@ -40,6 +41,7 @@ struct Args {
     burst: u32,
     calls: usize,
     in_flight: usize,
+    sidecar: PathBuf,
 }
 
 fn args() -> Result<Args> {
@@ -50,6 +52,7 @@ fn args() -> Result<Args> {
         burst: 50,
         calls: 5_000,
         in_flight: 32,
+        sidecar: repo_root().join("target/release/rebound-sidecar"),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,6 +66,7 @@ fn args() -> Result<Args> {
             "--burst" => a.burst = value.parse()?,
             "--calls" => a.calls = value.parse()?,
             "--in-flight" => a.in_flight = value.parse()?,
+            "--sidecar" => a.sidecar = PathBuf::from(value),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -120,15 +124,16 @@ async fn fleet(env: &TestEnv, n: usize, a: &Args) -> Result<(Vec<Sidecar>, Vec<C
     Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
         .create(&PostParams::default(), &cm)
         .await?;
-    let bin = repo_root().join("target/release/rebound-sidecar");
+    let bin = &a.sidecar;
     ensure!(
         bin.exists(),
-        "build it first: cargo build --release -p rebound-sidecar --bins"
+        "{} is missing: cargo build --release -p rebound-sidecar --bins",
+        bin.display()
     );
     let (mut sidecars, mut channels) = (Vec::new(), Vec::new());
     for i in 0..n {
         let grpc = free_port()?;
-        let child = Command::new(&bin)
+        let child = Command::new(bin)
             .env("KUBECONFIG", env.cluster.kubeconfig())
             .args([
                 format!("--configmap={}/{CM}", env.namespace),

@@ -151,14 +151,14 @@ impl Scheduler {
     }
 
     /// Changes the slots new bookings may take. Bookings already made stay where they
-    /// are, and every slot up to the end of the last run booked under an earlier share
-    /// counts as full (a slot this member did not own then may hold another member's
+    /// are, and every slot not forgotten up to the end of the last run booked under an
+    /// earlier share counts as full (a slot this member did not own then may hold another member's
     /// bookings), so a change never puts a slot this member already passed over at risk:
     /// overlap with another member is only possible past this member's furthest booking.
     pub fn set_share(&mut self, share: SlotShare) {
         let share = SlotShare::new(share.member, share.members).unwrap_or(SlotShare::WHOLE);
         if share != self.slots.share {
-            self.slots.seal();
+            self.slots.seal(self.forgotten_before);
             self.slots.share = share;
         }
     }
@@ -287,12 +287,25 @@ impl Slots {
         }
     }
 
-    /// Before a change of share: the partial last slot of every run counts as full, so
-    /// each run covers only slots booked or passed over under the old share.
-    fn seal(&mut self) {
-        for run in self.runs.values_mut() {
-            run.fill = self.burst;
-        }
+    /// Before a change of share: every slot from `from` (the first not forgotten) to the
+    /// end of the last run counts as full. The gaps between runs and before the first one
+    /// hold slots of other members under the old share, which may be booked.
+    fn seal(&mut self, from: u64) {
+        let Some(end) = self.runs.last_key_value().map(|(_, run)| run.end) else {
+            return;
+        };
+        let start = self
+            .runs
+            .first_key_value()
+            .map_or(from, |(start, _)| (*start).min(from));
+        self.runs.clear();
+        self.runs.insert(
+            start,
+            Run {
+                end,
+                fill: self.burst,
+            },
+        );
     }
 
     /// Whether `[from, to)` holds no slot this member owns.

@@ -13,6 +13,7 @@ use rebound_policy::{
 };
 
 use crate::{
+    fleet_share::BudgetScope,
     metrics::Outcome,
     pb::{EncodedBound, count_field, server as wire, v1 as pb},
     retry_budgets::Budgets,
@@ -296,6 +297,9 @@ pub fn decide_one(
     let (mut response, outcome) = to_response(answer.decision, policy_ref(cfg, entry));
     response.budget_stretched = answer.stretched;
     response.budget_delay_ms = answer.added_ms;
+    if response.decision == i32::from(pb::Decision::Retry) {
+        response.budget_retry_at_unix_ms = now_ms.saturating_add(response.delay_ms);
+    }
     Ok((response, outcome))
 }
 
@@ -399,10 +403,28 @@ pub fn get_policy(
 ) -> Result<pb::GetPolicyResponse, RequestError> {
     let queue = check_queue(&req.queue)?;
     let entry = lookup(cfg, queue)?;
+    let budget_scope = entry
+        .policy
+        .params()
+        .retry_budget
+        .and(cfg.budgets.get(entry.policy.identity()))
+        .map(|b| budget_scope_to_wire(b.scope(), b.stale()));
     Ok(pb::GetPolicyResponse {
         policy: Some(policy_ref(cfg, entry)),
         resolved: Some(resolved_to_wire(entry.policy.params())),
+        budget_scope,
     })
+}
+
+/// The wire form of a budget's scope.
+pub fn budget_scope_to_wire(scope: BudgetScope, stale: bool) -> pb::BudgetScope {
+    let share = scope.share();
+    pb::BudgetScope {
+        per_pod: scope == BudgetScope::PerPod,
+        members: share.members,
+        member: share.member,
+        stale: stale && scope != BudgetScope::PerPod,
+    }
 }
 
 /// The wire form of a resolved policy.
@@ -442,6 +464,73 @@ mod tests {
     use rebound_policy::{CompiledDocument, CompiledPolicy, resolve, spec::RetryPolicySpec};
 
     use super::*;
+
+    /// A budgeted policy answers with its scheduled time and, in GetPolicy, its scope: per
+    /// Pod without a fleet (the detached schedulers of a document answered on its own).
+    #[test]
+    fn a_budgeted_policy_names_its_retry_time_and_scope() {
+        let spec = RetryPolicySpec {
+            queues: vec!["orders".to_owned()],
+            backoff: None,
+            max_attempts: Some(3),
+            max_retry_duration: None,
+            non_retryable_errors: Vec::new(),
+            terminal: None,
+            retry_budget: Some(rebound_policy::spec::RetryBudgetSpec {
+                rate_per_second: 10,
+                burst: Some(1),
+            }),
+        };
+        let params = resolve(&spec).expect("valid spec");
+        let doc = CompiledDocument::new(
+            "ns",
+            vec![CompiledPolicy {
+                name: "p".to_owned(),
+                namespace: "ns".to_owned(),
+                uid: String::new(),
+                generation: 1,
+                queues: spec.queues.clone(),
+                params,
+            }],
+        );
+        let cfg = Snapshot::new(&doc);
+        let now = 1_700_000_000_000;
+        let req = wire::DecideRequest {
+            queue: "orders".into(),
+            attempt: 1,
+            job_id: "j".into(),
+            ..Default::default()
+        };
+        let (r, _) = decide_one(&cfg, &req, now).expect("answered");
+        assert_eq!(r.budget_retry_at_unix_ms, now + r.delay_ms);
+        let policy = get_policy(
+            &cfg,
+            &wire::GetPolicyRequest {
+                queue: "orders".into(),
+            },
+        )
+        .expect("answered");
+        assert_eq!(
+            policy.budget_scope,
+            Some(pb::BudgetScope {
+                per_pod: true,
+                members: 1,
+                member: 0,
+                stale: false,
+            })
+        );
+        assert_eq!(
+            get_policy(
+                &loaded(&["plain"]),
+                &wire::GetPolicyRequest {
+                    queue: "plain".into()
+                }
+            )
+            .expect("answered")
+            .budget_scope,
+            None
+        );
+    }
 
     fn loaded(queues: &[&str]) -> Snapshot {
         let spec = RetryPolicySpec {

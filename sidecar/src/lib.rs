@@ -8,6 +8,8 @@
 //! - [`service`] is the thin tonic adapter around [`answer`];
 //! - [`answer`] turns requests into `decide` calls and answers: pure, fuzzed, no I/O;
 //! - [`retry_budgets`] holds each budgeted policy's retry-budget scheduler across reloads;
+//! - [`fleet_share`] holds this sidecar's share of the budgets for the request path, and
+//!   [`fleet`] (watch mode) keeps it current from the namespace's sidecar Leases;
 //! - [`store`] holds the current configuration and swaps it atomically;
 //! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones;
 //! - [`client`] opens channels to a sidecar over TCP or its Unix socket;
@@ -17,6 +19,9 @@
 pub mod answer;
 pub mod body_limit;
 pub mod client;
+#[cfg(feature = "kubernetes")]
+pub mod fleet;
+pub mod fleet_share;
 pub mod metrics;
 pub mod pb;
 pub mod retry_budgets;

@@ -46,6 +46,18 @@ struct Args {
     #[arg(long, env = "REBOUND_NAMESPACE")]
     namespace: Option<String>,
 
+    /// This sidecar's Pod (set POD_NAME from the downward API). With --configmap it holds
+    /// the Lease `rebound-sidecar-<pod>` and books only its share of every retry budget,
+    /// split among the live sidecars serving the ConfigMap; without it each sidecar
+    /// enforces the whole budget on its own (per Pod).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+
+    /// `leaseDurationSeconds` of the sidecar's Lease (whole seconds): a sidecar that stops
+    /// renewing is counted out this long after its last renewal; renewed every third.
+    #[arg(long, env = "REBOUND_LEASE_DURATION", default_value = "15s")]
+    lease_duration: KubeDuration,
+
     /// gRPC address (TCP).
     #[arg(long, env = "REBOUND_LISTEN", default_value = "127.0.0.1:7411")]
     listen: SocketAddr,
@@ -157,10 +169,26 @@ async fn run(args: Args) -> Result<()> {
         "listening"
     );
 
-    let store = Store::new(Arc::new(Metrics::default()));
+    let metrics = Arc::new(Metrics::default());
+    let fleet_share = Arc::clone(metrics.fleet());
+    let store = Store::new(metrics);
     let poll = Duration::from_millis(args.poll_interval.as_millis().max(1));
     let mut _file_source = None;
     let mut watch_task = None;
+    let mut fleet = None;
+    let lease_duration = Duration::from_millis(args.lease_duration.as_millis());
+    let pod_name = args.pod_name.filter(|p| !p.trim().is_empty());
+    if args.configmap.is_none() || pod_name.is_none() {
+        tracing::info!(
+            scope = "pod",
+            reason = if args.configmap.is_none() {
+                "file mode"
+            } else {
+                "no --pod-name (POD_NAME)"
+            },
+            "retry budgets are enforced per Pod: this sidecar holds no Lease and books the whole budget"
+        );
+    }
     if let Some(dir) = args.policies_dir {
         let source = FileSource::mounted_dir(dir, &args.key, poll);
         _file_source = Some(source.spawn(Arc::clone(&store))?);
@@ -172,7 +200,17 @@ async fn run(args: Args) -> Result<()> {
             Some(_) => target,
             None => format!("{}/{target}", pod_namespace(args.namespace)),
         };
-        watch_task = Some(configmap(&target, args.key, Arc::clone(&store)).await?);
+        let started = configmap(
+            &target,
+            args.key,
+            pod_name,
+            lease_duration,
+            fleet_share,
+            Arc::clone(&store),
+        )
+        .await?;
+        watch_task = Some(started.0);
+        fleet = started.1;
     }
 
     let clock: Clock = Arc::new(rebound_sidecar::system_now_ms);
@@ -181,33 +219,79 @@ async fn run(args: Args) -> Result<()> {
     if let Some(task) = watch_task {
         task.abort();
     }
+    if let Some(fleet) = fleet {
+        release(fleet).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
 
 #[cfg(feature = "kubernetes")]
+type FleetHandle = rebound_sidecar::fleet::Fleet;
+#[cfg(not(feature = "kubernetes"))]
+type FleetHandle = ();
+
+/// Starts the ConfigMap watch; with a Pod name, first the fleet membership, so the first
+/// budgeted answers already book this sidecar's share.
+#[cfg(feature = "kubernetes")]
 async fn configmap(
     target: &str,
     key: String,
+    pod_name: Option<String>,
+    lease_duration: Duration,
+    fleet_share: Arc<rebound_sidecar::fleet_share::FleetShare>,
     store: Arc<Store>,
-) -> Result<tokio::task::JoinHandle<()>> {
+) -> Result<(tokio::task::JoinHandle<()>, Option<FleetHandle>)> {
+    use rebound_sidecar::fleet::{Fleet, FleetConfig};
     use rebound_sidecar::source::kubernetes::{ConfigMapRef, ConfigMapSource};
     let target: ConfigMapRef = target
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--configmap: {e}"))?;
     let client = ConfigMapSource::client().await?;
+    let mut fleet = None;
+    if let Some(pod) = pod_name {
+        let config = FleetConfig {
+            namespace: target.namespace.clone(),
+            configmap: target.name.clone(),
+            pod,
+            lease_duration,
+        };
+        config
+            .check()
+            .map_err(|e| anyhow::anyhow!("--pod-name/--lease-duration: {e}"))?;
+        tracing::info!(
+            scope = "fleet",
+            namespace = %config.namespace,
+            configmap = %config.configmap,
+            pod = %config.pod,
+            lease_duration_s = lease_duration.as_secs(),
+            "retry budgets are split among the sidecars serving the ConfigMap"
+        );
+        fleet = Some(Fleet::start(client.clone(), config, fleet_share).await);
+    }
     let source = ConfigMapSource::new(target, Some(key));
-    Ok(tokio::spawn(source.run(client, store)))
+    Ok((tokio::spawn(source.run(client, store)), fleet))
 }
 
 #[cfg(not(feature = "kubernetes"))]
 async fn configmap(
     _target: &str,
     _key: String,
+    _pod_name: Option<String>,
+    _lease_duration: Duration,
+    _fleet_share: Arc<rebound_sidecar::fleet_share::FleetShare>,
     _store: Arc<Store>,
-) -> Result<tokio::task::JoinHandle<()>> {
+) -> Result<(tokio::task::JoinHandle<()>, Option<FleetHandle>)> {
     bail!("--configmap needs the `kubernetes` feature, which this build leaves out")
 }
+
+#[cfg(feature = "kubernetes")]
+async fn release(fleet: FleetHandle) {
+    fleet.release().await;
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn release(_fleet: FleetHandle) {}
 
 /// `--namespace`, else the Pod's: POD_NAMESPACE (set from the downward API), else the
 /// mounted service account's namespace, else `default`.

@@ -2,7 +2,7 @@
 //! sets the configuration gauges from the store and encodes everything.
 
 use std::{
-    sync::{Mutex, atomic::AtomicU64},
+    sync::{Arc, Mutex, atomic::AtomicU64},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -16,6 +16,8 @@ use prometheus_client::{
     },
     registry::Registry,
 };
+
+use crate::fleet_share::{BudgetScope, FleetShare};
 
 /// Which configuration the sidecar answers from; what tells "the policies were removed"
 /// from "the configuration is broken".
@@ -115,6 +117,8 @@ pub struct Metrics {
     policies: Gauge,
     loaded_at: Gauge<f64, AtomicU64>,
     budget: BudgetFamilies,
+    fleet: Arc<FleetShare>,
+    fleet_gauges: FleetGauges,
     /// One scrape at a time: each resets the configuration gauges before encoding.
     scrape: Mutex<()>,
 }
@@ -224,8 +228,11 @@ impl Metrics {
             loaded_at.clone(),
         );
         let budget = BudgetFamilies::register(&mut registry);
+        let fleet_gauges = FleetGauges::register(&mut registry);
         Self {
             budget,
+            fleet: Arc::new(FleetShare::default()),
+            fleet_gauges,
             retry: outcome("retry"),
             give_up_max_attempts: outcome("give_up_max_attempts"),
             give_up_deadline: outcome("give_up_deadline"),
@@ -247,6 +254,11 @@ impl Metrics {
             loaded_at,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// The share of the retry budgets this sidecar books, as the fleet task last set it.
+    pub fn fleet(&self) -> &Arc<FleetShare> {
+        &self.fleet
     }
 
     /// The handles of one budgeted policy's series, created once per configuration so the
@@ -359,6 +371,7 @@ impl Metrics {
                 self.loaded_at.set(0.0);
             }
         }
+        self.fleet_gauges.set(&self.fleet);
         let mut out = String::with_capacity(4096);
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -369,6 +382,78 @@ impl Metrics {
 
 fn policy_label(identity: &str) -> Labels {
     vec![("policy", LabelText(identity.to_owned()))]
+}
+
+/// The budget scope and the fleet membership behind it, set from [`FleetShare`] at each
+/// scrape.
+struct FleetGauges {
+    scope: Family<Label, Gauge>,
+    members: Gauge,
+    member: Gauge,
+    stale: Gauge,
+    renewed_at: Gauge<f64, AtomicU64>,
+    changes: Gauge,
+}
+
+impl FleetGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let g = Self {
+            scope: Family::default(),
+            members: Gauge::default(),
+            member: Gauge::default(),
+            stale: Gauge::default(),
+            renewed_at: Gauge::default(),
+            changes: Gauge::default(),
+        };
+        registry.register(
+            "budget_scope",
+            "1 for how retry budgets are enforced: pod (each sidecar the whole budget: file mode, or no Pod name) or fleet (split among the live sidecar Leases)",
+            g.scope.clone(),
+        );
+        registry.register(
+            "fleet_members",
+            "Sidecars the retry budgets are split among (1 per Pod)",
+            g.members.clone(),
+        );
+        registry.register(
+            "fleet_member",
+            "This sidecar's index among them (sorted by Lease name); it books slots s with s mod members = member",
+            g.member.clone(),
+        );
+        registry.register(
+            "fleet_membership_stale",
+            "1 while the membership cannot be refreshed (API unreachable, own Lease not renewed): the last one is kept",
+            g.stale.clone(),
+        );
+        registry.register(
+            "fleet_lease_renewed_timestamp_seconds",
+            "When this sidecar's Lease was last renewed, in Unix seconds (0: never)",
+            g.renewed_at.clone(),
+        );
+        registry.register(
+            "fleet_membership_changes",
+            "Changes of the budget scope or membership since the start",
+            g.changes.clone(),
+        );
+        g
+    }
+
+    fn set(&self, fleet: &FleetShare) {
+        let scope = fleet.scope();
+        for s in ["pod", "fleet"] {
+            self.scope
+                .get_or_create(&[("scope", s)])
+                .set(i64::from(scope.as_str() == s));
+        }
+        let share = scope.share();
+        self.members.set(i64::from(share.members));
+        self.member.set(i64::from(share.member));
+        self.stale
+            .set(i64::from(fleet.stale() && scope != BudgetScope::PerPod));
+        self.renewed_at.set(fleet.renewed_ms() as f64 / 1e3);
+        self.changes
+            .set(i64::try_from(fleet.changes()).unwrap_or(i64::MAX));
+    }
 }
 
 /// Per-policy retry-budget series, labelled `policy="namespace/name"`.

@@ -1,6 +1,8 @@
 //! Per-policy retry-budget schedulers ([`rebound_policy::retry_budget`]), held next to the
 //! loaded configuration and carried over when a reload leaves a policy's budget as it
 //! was, so a reload in the middle of a storm does not forget the retries already booked.
+//! Every scheduler books only this sidecar's share of the slots ([`FleetShare`]), read
+//! from memory under the scheduler's lock on each booking.
 
 use std::{
     collections::HashMap,
@@ -14,25 +16,42 @@ use rebound_policy::{
     retry_budget::{Ask, Budgeted, Scheduler},
 };
 
-use crate::metrics::{BudgetSeries, Metrics};
+use crate::{
+    fleet_share::FleetShare,
+    metrics::{BudgetSeries, Metrics},
+};
 
 /// One budgeted policy's scheduler and its metric handles.
 #[derive(Debug)]
 pub struct PolicyBudget {
     scheduler: Mutex<Scheduler>,
     series: BudgetSeries,
+    fleet: Arc<FleetShare>,
 }
 
 impl PolicyBudget {
-    fn new(budget: RetryBudget, series: BudgetSeries) -> Self {
+    fn new(budget: RetryBudget, series: BudgetSeries, fleet: Arc<FleetShare>) -> Self {
+        let mut scheduler = Scheduler::new(budget);
+        scheduler.set_share(fleet.share());
         Self {
-            scheduler: Mutex::new(Scheduler::new(budget)),
+            scheduler: Mutex::new(scheduler),
             series,
+            fleet,
         }
     }
 
     pub fn budget(&self) -> RetryBudget {
         self.lock().budget()
+    }
+
+    /// Over what the budget is enforced now (what the next booking will use).
+    pub fn scope(&self) -> crate::fleet_share::BudgetScope {
+        self.fleet.scope()
+    }
+
+    /// Whether the membership behind [`Self::scope`] could not be refreshed.
+    pub fn stale(&self) -> bool {
+        self.fleet.stale()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Scheduler> {
@@ -44,7 +63,16 @@ impl PolicyBudget {
     /// Applies the budget to `decide`'s answer and counts what it did.
     pub fn apply(&self, params: &ResolvedPolicy, decision: Decision, ask: &Ask<'_>) -> Budgeted {
         let was_retry = matches!(decision, Decision::Retry { .. });
-        let answer = self.lock().apply(params, decision, ask);
+        let answer = {
+            let mut scheduler = self.lock();
+            // The share is read under the lock, so no booking uses one older than the
+            // last the fleet task published before the booking began.
+            let share = self.fleet.share();
+            if scheduler.share() != share {
+                scheduler.set_share(share);
+            }
+            scheduler.apply(params, decision, ask)
+        };
         if !was_retry {
             return answer;
         }
@@ -86,7 +114,11 @@ impl Budgets {
                 .filter(|b| b.budget() == budget)
                 .cloned();
             let entry = kept.unwrap_or_else(|| {
-                Arc::new(PolicyBudget::new(budget, metrics.budget_series(&identity)))
+                Arc::new(PolicyBudget::new(
+                    budget,
+                    metrics.budget_series(&identity),
+                    Arc::clone(metrics.fleet()),
+                ))
             });
             by_identity.insert(identity, entry);
         }
@@ -103,6 +135,7 @@ impl Budgets {
     /// Schedulers with metric handles registered nowhere: for answering without a store
     /// (unit tests, the fuzz target).
     pub fn detached(doc: &CompiledDocument) -> Self {
+        let fleet = Arc::new(FleetShare::default());
         let by_identity = doc
             .policies
             .iter()
@@ -115,7 +148,8 @@ impl Budgets {
                     repeats: Counter::default(),
                     added_delay: Histogram::new([0.0]),
                 };
-                Some((p.identity(), Arc::new(PolicyBudget::new(budget, series))))
+                let budget = PolicyBudget::new(budget, series, Arc::clone(&fleet));
+                Some((p.identity(), Arc::new(budget)))
             })
             .collect();
         Self { by_identity }
@@ -142,5 +176,68 @@ impl Budgets {
 
     pub fn is_empty(&self) -> bool {
         self.by_identity.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use rebound_policy::retry_budget::SlotShare;
+
+    use super::*;
+    use crate::fleet_share::BudgetScope;
+
+    const YAML: &str = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: orders}\nspec:\n  queues: [orders]\n  backoff: {strategy: constant, base: 1s, jitter: {kind: none}}\n  maxAttempts: 9\n  retryBudget: {ratePerSecond: 10, burst: 1}\n";
+
+    #[test]
+    fn schedulers_book_the_fleet_share_also_when_built_after_it_changed() {
+        let doc =
+            crate::store::compile_manifests(&[(PathBuf::from("a.yaml"), YAML.to_owned())], "ns")
+                .unwrap();
+        let metrics = Metrics::default();
+        let share = SlotShare::new(1, 3).unwrap();
+        metrics.fleet().set(BudgetScope::Fleet(share));
+        let budgets = Budgets::build(&doc, None, &metrics);
+        let policy = &doc.policies[0];
+        let budget = budgets.get(&policy.identity()).unwrap();
+        assert_eq!(budget.scope(), BudgetScope::Fleet(share));
+
+        let resolved = &policy.params;
+        let slot_of = |now: u64, delay: u64| (now + delay) / 100;
+        let mut slots = Vec::new();
+        for job in 0..6 {
+            let id = format!("job-{job}");
+            let ask = Ask {
+                queue: "orders",
+                job_id: Some(&id),
+                attempt: 1,
+                now_ms: 10_000,
+                first_failure_ms: None,
+            };
+            let answer = budget.apply(resolved, Decision::Retry { delay_ms: 1_000 }, &ask);
+            let Decision::Retry { delay_ms } = answer.decision else {
+                panic!("{answer:?}");
+            };
+            slots.push(slot_of(10_000, delay_ms));
+        }
+        // Slots 110.. owned by member 1 of 3: 112, 115, 118, ...
+        assert_eq!(slots, [112, 115, 118, 121, 124, 127]);
+
+        // A change reaches the existing scheduler on its next booking.
+        metrics.fleet().set(BudgetScope::PerPod);
+        let ask = Ask {
+            queue: "orders",
+            job_id: Some("job-x"),
+            attempt: 1,
+            now_ms: 10_000,
+            first_failure_ms: None,
+        };
+        let answer = budget.apply(resolved, Decision::Retry { delay_ms: 1_000 }, &ask);
+        let Decision::Retry { delay_ms } = answer.decision else {
+            panic!("{answer:?}");
+        };
+        // Whole budget again, past this member's furthest booking (127).
+        assert_eq!(slot_of(10_000, delay_ms), 128);
     }
 }

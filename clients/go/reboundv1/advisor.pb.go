@@ -528,8 +528,12 @@ type DecideResponse struct {
 	// DECISION_RETRY only: the milliseconds the retry budget added to the policy's delay
 	// (already included in delay_ms); 0 when the retry fitted or the policy has no budget.
 	BudgetDelayMs uint64 `protobuf:"varint,9,opt,name=budget_delay_ms,json=budgetDelayMs,proto3" json:"budget_delay_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// DECISION_RETRY on a policy with a retry budget only: when the retry is due, in ms
+	// since the Unix epoch by the sidecar's clock (its now + delay_ms), the time the budget
+	// counts it in; 0 otherwise.
+	BudgetRetryAtUnixMs uint64 `protobuf:"varint,10,opt,name=budget_retry_at_unix_ms,json=budgetRetryAtUnixMs,proto3" json:"budget_retry_at_unix_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *DecideResponse) Reset() {
@@ -621,6 +625,13 @@ func (x *DecideResponse) GetBudgetStretched() bool {
 func (x *DecideResponse) GetBudgetDelayMs() uint64 {
 	if x != nil {
 		return x.BudgetDelayMs
+	}
+	return 0
+}
+
+func (x *DecideResponse) GetBudgetRetryAtUnixMs() uint64 {
+	if x != nil {
+		return x.BudgetRetryAtUnixMs
 	}
 	return 0
 }
@@ -1047,9 +1058,11 @@ func (x *ResolvedPolicy) GetDeadLetterQueue() string {
 
 // The policy that governs the requested queue.
 type GetPolicyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Policy        *PolicyRef             `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
-	Resolved      *ResolvedPolicy        `protobuf:"bytes,2,opt,name=resolved,proto3" json:"resolved,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Policy   *PolicyRef             `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	Resolved *ResolvedPolicy        `protobuf:"bytes,2,opt,name=resolved,proto3" json:"resolved,omitempty"`
+	// Set only for a policy with a retry budget: over what this sidecar enforces it.
+	BudgetScope   *BudgetScope `protobuf:"bytes,3,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1098,6 +1111,90 @@ func (x *GetPolicyResponse) GetResolved() *ResolvedPolicy {
 	return nil
 }
 
+func (x *GetPolicyResponse) GetBudgetScope() *BudgetScope {
+	if x != nil {
+		return x.BudgetScope
+	}
+	return nil
+}
+
+// How a retry budget is shared: by the sidecars serving the policy's ConfigMap in its
+// namespace (each holding a Lease), or by each sidecar on its own.
+type BudgetScope struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when this sidecar enforces the whole budget on its own: file mode, or watch mode
+	// without a Pod name (no Lease). The fleet together may then schedule N times the budget.
+	PerPod bool `protobuf:"varint,1,opt,name=per_pod,json=perPod,proto3" json:"per_pod,omitempty"`
+	// The sidecars the budget's slots are split among (1 when per_pod).
+	Members uint32 `protobuf:"varint,2,opt,name=members,proto3" json:"members,omitempty"`
+	// This sidecar's index among them, by Lease name: it books the slots s with
+	// s mod members == member.
+	Member uint32 `protobuf:"varint,3,opt,name=member,proto3" json:"member,omitempty"`
+	// True while the membership cannot be refreshed (API server unreachable, own Lease not
+	// renewed): the last one known is kept.
+	Stale         bool `protobuf:"varint,4,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetScope) Reset() {
+	*x = BudgetScope{}
+	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetScope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetScope) ProtoMessage() {}
+
+func (x *BudgetScope) ProtoReflect() protoreflect.Message {
+	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetScope.ProtoReflect.Descriptor instead.
+func (*BudgetScope) Descriptor() ([]byte, []int) {
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BudgetScope) GetPerPod() bool {
+	if x != nil {
+		return x.PerPod
+	}
+	return false
+}
+
+func (x *BudgetScope) GetMembers() uint32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+func (x *BudgetScope) GetMember() uint32 {
+	if x != nil {
+		return x.Member
+	}
+	return 0
+}
+
+func (x *BudgetScope) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
 var File_rebound_v1_advisor_proto protoreflect.FileDescriptor
 
 const file_rebound_v1_advisor_proto_rawDesc = "" +
@@ -1119,7 +1216,7 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x03R\n" +
 	"generation\x12\x1f\n" +
 	"\vconfig_hash\x18\x04 \x01(\tR\n" +
-	"configHash\"\x9f\x03\n" +
+	"configHash\"\xd5\x03\n" +
 	"\x0eDecideResponse\x120\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x14.rebound.v1.DecisionR\bdecision\x12\x19\n" +
 	"\bdelay_ms\x18\x02 \x01(\x04R\adelayMs\x129\n" +
@@ -1129,7 +1226,9 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"\x0ereason_message\x18\x06 \x01(\tR\rreasonMessage\x12-\n" +
 	"\x06policy\x18\a \x01(\v2\x15.rebound.v1.PolicyRefR\x06policy\x12)\n" +
 	"\x10budget_stretched\x18\b \x01(\bR\x0fbudgetStretched\x12&\n" +
-	"\x0fbudget_delay_ms\x18\t \x01(\x04R\rbudgetDelayMs\"K\n" +
+	"\x0fbudget_delay_ms\x18\t \x01(\x04R\rbudgetDelayMs\x124\n" +
+	"\x17budget_retry_at_unix_ms\x18\n" +
+	" \x01(\x04R\x13budgetRetryAtUnixMs\"K\n" +
 	"\x12DecideBatchRequest\x125\n" +
 	"\brequests\x18\x01 \x03(\v2\x19.rebound.v1.DecideRequestR\brequests\"9\n" +
 	"\tItemError\x12\x12\n" +
@@ -1159,10 +1258,16 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"\x14non_retryable_errors\x18\n" +
 	" \x03(\tR\x12nonRetryableErrors\x123\n" +
 	"\bterminal\x18\v \x01(\x0e2\x17.rebound.v1.DispositionR\bterminal\x12*\n" +
-	"\x11dead_letter_queue\x18\f \x01(\tR\x0fdeadLetterQueue\"z\n" +
+	"\x11dead_letter_queue\x18\f \x01(\tR\x0fdeadLetterQueue\"\xb6\x01\n" +
 	"\x11GetPolicyResponse\x12-\n" +
 	"\x06policy\x18\x01 \x01(\v2\x15.rebound.v1.PolicyRefR\x06policy\x126\n" +
-	"\bresolved\x18\x02 \x01(\v2\x1a.rebound.v1.ResolvedPolicyR\bresolved*N\n" +
+	"\bresolved\x18\x02 \x01(\v2\x1a.rebound.v1.ResolvedPolicyR\bresolved\x12:\n" +
+	"\fbudget_scope\x18\x03 \x01(\v2\x17.rebound.v1.BudgetScopeR\vbudgetScope\"n\n" +
+	"\vBudgetScope\x12\x17\n" +
+	"\aper_pod\x18\x01 \x01(\bR\x06perPod\x12\x18\n" +
+	"\amembers\x18\x02 \x01(\rR\amembers\x12\x16\n" +
+	"\x06member\x18\x03 \x01(\rR\x06member\x12\x14\n" +
+	"\x05stale\x18\x04 \x01(\bR\x05stale*N\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDECISION_RETRY\x10\x01\x12\x14\n" +
@@ -1208,7 +1313,7 @@ func file_rebound_v1_advisor_proto_rawDescGZIP() []byte {
 }
 
 var file_rebound_v1_advisor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_rebound_v1_advisor_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_rebound_v1_advisor_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_rebound_v1_advisor_proto_goTypes = []any{
 	(Decision)(0),               // 0: rebound.v1.Decision
 	(Disposition)(0),            // 1: rebound.v1.Disposition
@@ -1225,6 +1330,7 @@ var file_rebound_v1_advisor_proto_goTypes = []any{
 	(*GetPolicyRequest)(nil),    // 12: rebound.v1.GetPolicyRequest
 	(*ResolvedPolicy)(nil),      // 13: rebound.v1.ResolvedPolicy
 	(*GetPolicyResponse)(nil),   // 14: rebound.v1.GetPolicyResponse
+	(*BudgetScope)(nil),         // 15: rebound.v1.BudgetScope
 }
 var file_rebound_v1_advisor_proto_depIdxs = []int32{
 	0,  // 0: rebound.v1.DecideResponse.decision:type_name -> rebound.v1.Decision
@@ -1240,17 +1346,18 @@ var file_rebound_v1_advisor_proto_depIdxs = []int32{
 	1,  // 10: rebound.v1.ResolvedPolicy.terminal:type_name -> rebound.v1.Disposition
 	6,  // 11: rebound.v1.GetPolicyResponse.policy:type_name -> rebound.v1.PolicyRef
 	13, // 12: rebound.v1.GetPolicyResponse.resolved:type_name -> rebound.v1.ResolvedPolicy
-	5,  // 13: rebound.v1.RetryAdvisor.Decide:input_type -> rebound.v1.DecideRequest
-	8,  // 14: rebound.v1.RetryAdvisor.DecideBatch:input_type -> rebound.v1.DecideBatchRequest
-	12, // 15: rebound.v1.RetryAdvisor.GetPolicy:input_type -> rebound.v1.GetPolicyRequest
-	7,  // 16: rebound.v1.RetryAdvisor.Decide:output_type -> rebound.v1.DecideResponse
-	11, // 17: rebound.v1.RetryAdvisor.DecideBatch:output_type -> rebound.v1.DecideBatchResponse
-	14, // 18: rebound.v1.RetryAdvisor.GetPolicy:output_type -> rebound.v1.GetPolicyResponse
-	16, // [16:19] is the sub-list for method output_type
-	13, // [13:16] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	15, // 13: rebound.v1.GetPolicyResponse.budget_scope:type_name -> rebound.v1.BudgetScope
+	5,  // 14: rebound.v1.RetryAdvisor.Decide:input_type -> rebound.v1.DecideRequest
+	8,  // 15: rebound.v1.RetryAdvisor.DecideBatch:input_type -> rebound.v1.DecideBatchRequest
+	12, // 16: rebound.v1.RetryAdvisor.GetPolicy:input_type -> rebound.v1.GetPolicyRequest
+	7,  // 17: rebound.v1.RetryAdvisor.Decide:output_type -> rebound.v1.DecideResponse
+	11, // 18: rebound.v1.RetryAdvisor.DecideBatch:output_type -> rebound.v1.DecideBatchResponse
+	14, // 19: rebound.v1.RetryAdvisor.GetPolicy:output_type -> rebound.v1.GetPolicyResponse
+	17, // [17:20] is the sub-list for method output_type
+	14, // [14:17] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_rebound_v1_advisor_proto_init() }
@@ -1268,7 +1375,7 @@ func file_rebound_v1_advisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rebound_v1_advisor_proto_rawDesc), len(file_rebound_v1_advisor_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -621,3 +621,25 @@ fn a_new_share_keeps_clear_of_the_old_partition_below_the_old_book() {
     assert!(slot > first + 10, "slot {slot} lies under the old book");
     assert!(SlotShare::new(1, 3).unwrap().owns(slot));
 }
+
+/// Nor a slot before its first booking or between two runs: under the old share those
+/// were other members' slots (before the fix, the next booking under the whole budget
+/// took slot 110, another member's, below this member's furthest booking).
+#[test]
+fn a_new_share_books_past_the_whole_old_book_gaps_included() {
+    let b = budget(10, 1); // 100 ms slots, 1 each
+    let p = policy(None);
+    let now = 10_000;
+    let mut s = Scheduler::new(b);
+    s.set_share(SlotShare::new(1, 3).expect("valid"));
+    let mut slots = Vec::new();
+    for i in 0..3 {
+        slots.push(b.slot_of(now + delay(&s.apply(&p, retry(1_000), &ask(&format!("a{i}"), now)))));
+    }
+    // A second run further on, with free slots of ours in between.
+    slots.push(b.slot_of(now + delay(&s.apply(&p, retry(10_000), &ask("far", now)))));
+    assert_eq!(slots, [112, 115, 118, 202]);
+    s.set_share(SlotShare::WHOLE);
+    let d = delay(&s.apply(&p, retry(1_000), &ask("c", now)));
+    assert_eq!(b.slot_of(now + d), 203);
+}

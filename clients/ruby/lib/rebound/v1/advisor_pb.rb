@@ -29,6 +29,7 @@ Google::Protobuf::DescriptorPool.generated_pool.build do
       optional :policy, :message, 7, "rebound.v1.PolicyRef"
       optional :budget_stretched, :bool, 8
       optional :budget_delay_ms, :uint64, 9
+      optional :budget_retry_at_unix_ms, :uint64, 10
     end
     add_message "rebound.v1.DecideBatchRequest" do
       repeated :requests, :message, 1, "rebound.v1.DecideRequest"
@@ -66,6 +67,13 @@ Google::Protobuf::DescriptorPool.generated_pool.build do
     add_message "rebound.v1.GetPolicyResponse" do
       optional :policy, :message, 1, "rebound.v1.PolicyRef"
       optional :resolved, :message, 2, "rebound.v1.ResolvedPolicy"
+      optional :budget_scope, :message, 3, "rebound.v1.BudgetScope"
+    end
+    add_message "rebound.v1.BudgetScope" do
+      optional :per_pod, :bool, 1
+      optional :members, :uint32, 2
+      optional :member, :uint32, 3
+      optional :stale, :bool, 4
     end
     add_enum "rebound.v1.Decision" do
       value :DECISION_UNSPECIFIED, 0
@@ -113,6 +121,7 @@ module Rebound
     GetPolicyRequest = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GetPolicyRequest").msgclass
     ResolvedPolicy = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.ResolvedPolicy").msgclass
     GetPolicyResponse = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GetPolicyResponse").msgclass
+    BudgetScope = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.BudgetScope").msgclass
     Decision = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.Decision").enummodule
     Disposition = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.Disposition").enummodule
     GiveUpReason = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GiveUpReason").enummodule

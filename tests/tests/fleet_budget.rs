@@ -1,0 +1,536 @@
+//! A retry budget holds for the whole fleet, on the real API server: six real
+//! `rebound-sidecar` processes in watch mode, each acting as its own Pod (a Pod object and a
+//! Pod-bound ServiceAccount token, so the RBAC and the admission policy of deploy/ apply),
+//! hold their Leases and split one budget's slots. A storm sent unevenly (one sidecar gets
+//! half the Decides) is checked slot by slot on the answers' `budget_retry_at_unix_ms`:
+//! steady, at most `burst` per slot and `ratePerSecond + burst` per second across all six;
+//! across a SIGKILL (the Lease stays) and across an added sidecar, at most one extra burst
+//! per slot (the bound of docs/sidecar.md), with the survivors taking over within the lease
+//! duration and a tick; a SIGTERM hands over at once. Each phase uses its own policy, so
+//! each book starts empty.
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::Kubeconfig;
+use rebound_sidecar::pb::v1::{
+    BudgetScope, DecideRequest, Decision, GetPolicyRequest,
+    retry_advisor_client::RetryAdvisorClient,
+};
+use rebound_tests::lease::{create_pod, token};
+use rebound_tests::{TestEnv, repo_root, unique_name, yaml_documents};
+use serde_json::json;
+use tonic::transport::Channel;
+
+const SA: &str = "rebound-worker";
+const CM: &str = "rebound-policies";
+/// Short, so a killed member is counted out quickly: renewals every second, a 300 ms tick.
+const LEASE_S: u64 = 3;
+const TICK: Duration = Duration::from_millis(300);
+const RATE: usize = 100;
+const BURST: usize = 10;
+/// 100 ms slots (burst / rate).
+const SLOT_MS: u64 = 100;
+const SLOTS_PER_SECOND: usize = 10;
+const QUEUES: [&str; 4] = ["steady", "kill", "add", "after"];
+
+/// A sidecar process, stopped (SIGKILL) when dropped, whatever happens.
+struct Sidecar {
+    pod: String,
+    child: Child,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    log: PathBuf,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One answer of a storm.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    sidecar: usize,
+    retry_at_ms: u64,
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("test executable has no target dir")?;
+    let path = dir.join(name);
+    ensure!(
+        path.exists(),
+        "{} is missing: run `cargo build -p rebound-sidecar` first",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// deploy/rbac.yaml and deploy/admission.yaml, then the worker's ServiceAccount, Role and
+/// RoleBinding from examples/worker/worker-watch.yaml (as lease_rbac.rs does).
+fn apply_rbac(env: &TestEnv) -> Result<()> {
+    for file in ["deploy/rbac.yaml", "deploy/admission.yaml"] {
+        let path = repo_root().join(file);
+        env.cluster
+            .kubectl(["apply", "--server-side", "-f", &path.to_string_lossy()])?
+            .ok()?;
+    }
+    let items: Vec<_> = yaml_documents(&repo_root().join("examples/worker/worker-watch.yaml"))?
+        .into_iter()
+        .filter(|d| d["kind"] != "Deployment")
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &list.to_string())?
+        .ok()?;
+    Ok(())
+}
+
+/// One budgeted policy per phase: a constant 1 s delay, 100/s, burst 10.
+fn manifests() -> String {
+    QUEUES
+        .iter()
+        .map(|q| {
+            format!(
+                "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: {q}}}\nspec:\n  queues: [{q}]\n  backoff: {{strategy: constant, base: 1s, jitter: {{kind: none}}}}\n  maxAttempts: 100\n  maxRetryDuration: 10m\n  retryBudget: {{ratePerSecond: {RATE}, burst: {BURST}}}\n"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+async fn create_configmap(env: &TestEnv) -> Result<()> {
+    let doc = rebound_sidecar::store::compile_manifests(
+        &[(PathBuf::from("fleet.yaml"), manifests())],
+        &env.namespace,
+    )?;
+    ensure!(doc.policies.len() == QUEUES.len(), "policies compiled");
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(CM.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            rebound_policy::compiled::CONFIGMAP_KEY.to_owned(),
+            doc.to_json(),
+        )])),
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    Ok(())
+}
+
+/// A kubeconfig that authenticates as `pod` only (a Pod-bound token of the worker's SA).
+async fn pod_kubeconfig(env: &TestEnv, pod: &str) -> Result<PathBuf> {
+    let object = create_pod(&env.client, &env.namespace, pod, SA).await?;
+    let token = token(&env.client, &env.namespace, SA, Some(&object)).await?;
+    let mut kubeconfig = Kubeconfig::read_from(env.cluster.kubeconfig())?;
+    let user = kubeconfig
+        .auth_infos
+        .first_mut()
+        .context("the kubeconfig has no user")?;
+    user.auth_info = Some(serde_json::from_value(json!({ "token": token }))?);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{}-{pod}.kubeconfig", env.namespace));
+    std::fs::write(&path, serde_json::to_vec(&kubeconfig)?)?;
+    Ok(path)
+}
+
+async fn spawn_sidecar(env: &TestEnv, pod: &str) -> Result<Sidecar> {
+    let kubeconfig = pod_kubeconfig(env, pod).await?;
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(pod)));
+    let child = Command::new(workspace_binary("rebound-sidecar")?)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info")
+        .args([
+            format!("--configmap={}/{CM}", env.namespace),
+            format!("--pod-name={pod}"),
+            format!("--lease-duration={LEASE_S}s"),
+            format!("--listen={grpc}"),
+            format!("--admin-listen={admin}"),
+            "--shutdown-grace=1s".to_owned(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting rebound-sidecar")?;
+    Ok(Sidecar {
+        pod: pod.to_owned(),
+        child,
+        grpc,
+        admin,
+        log,
+    })
+}
+
+async fn connect(addr: SocketAddr) -> Result<RetryAdvisorClient<Channel>> {
+    let start = Instant::now();
+    loop {
+        match rebound_sidecar::client::tcp_channel(addr).await {
+            Ok(channel) => return Ok(RetryAdvisorClient::new(channel)),
+            Err(e) if start.elapsed() > Duration::from_secs(30) => {
+                return Err(e).context("connecting to the sidecar");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn scope(client: &mut RetryAdvisorClient<Channel>) -> Option<BudgetScope> {
+    let request = GetPolicyRequest {
+        queue: QUEUES[0].to_owned(),
+    };
+    client
+        .get_policy(request)
+        .await
+        .ok()?
+        .into_inner()
+        .budget_scope
+}
+
+/// Polls until every client reports a current fleet of `members`; returns how long it
+/// took and each sidecar's member index.
+async fn wait_for_members(
+    clients: &mut [RetryAdvisorClient<Channel>],
+    members: u32,
+    logs: &[PathBuf],
+) -> Result<(Duration, Vec<u32>)> {
+    let start = Instant::now();
+    loop {
+        let mut seen = Vec::new();
+        for c in clients.iter_mut() {
+            seen.push(scope(c).await);
+        }
+        if seen
+            .iter()
+            .all(|s| s.is_some_and(|s| s.members == members && !s.stale && !s.per_pod))
+        {
+            return Ok((
+                start.elapsed(),
+                seen.iter().flatten().map(|s| s.member).collect(),
+            ));
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("no fleet of {members} after 60 s: {seen:?} (logs {logs:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Decides for distinct jobs of `queue`, until `stop` is set or `count` answers arrived:
+/// every other one goes to sidecar 0, the rest round-robin over the others alive.
+#[derive(Clone)]
+struct Storm {
+    clients: Arc<Mutex<Vec<Option<RetryAdvisorClient<Channel>>>>>,
+    answers: Arc<Mutex<Vec<Answer>>>,
+    next: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Storm {
+    fn new(clients: Vec<Option<RetryAdvisorClient<Channel>>>) -> Self {
+        Storm {
+            clients: Arc::new(Mutex::new(clients)),
+            answers: Arc::default(),
+            next: Arc::default(),
+            stop: Arc::default(),
+        }
+    }
+
+    fn set(&self, sidecar: usize, client: Option<RetryAdvisorClient<Channel>>) {
+        let mut clients = self.clients.lock().unwrap();
+        if clients.len() <= sidecar {
+            clients.resize(sidecar + 1, None);
+        }
+        clients[sidecar] = client;
+    }
+
+    /// Runs `workers` tasks until stopped or `count` jobs were asked.
+    fn start(
+        &self,
+        queue: &'static str,
+        count: u64,
+        workers: usize,
+    ) -> Vec<tokio::task::JoinHandle<Result<()>>> {
+        (0..workers)
+            .map(|_| {
+                let storm = self.clone();
+                tokio::spawn(async move { storm.work(queue, count).await })
+            })
+            .collect()
+    }
+
+    async fn work(&self, queue: &str, count: u64) -> Result<()> {
+        while !self.stop.load(Ordering::Relaxed) {
+            let job = self.next.fetch_add(1, Ordering::Relaxed);
+            if job >= count {
+                return Ok(());
+            }
+            let picked = {
+                let clients = self.clients.lock().unwrap();
+                let alive: Vec<usize> = (1..clients.len())
+                    .filter(|i| clients[*i].is_some())
+                    .collect();
+                let index = if job.is_multiple_of(2) || alive.is_empty() {
+                    0
+                } else {
+                    alive[(job as usize / 2) % alive.len()]
+                };
+                clients[index].clone().map(|c| (index, c))
+            };
+            let Some((sidecar, mut client)) = picked else {
+                continue;
+            };
+            let request = DecideRequest {
+                queue: queue.to_owned(),
+                attempt: 1,
+                job_id: format!("{queue}-{job}"),
+                ..DecideRequest::default()
+            };
+            match client.decide(request).await {
+                Ok(answer) => {
+                    let answer = answer.into_inner();
+                    ensure!(
+                        answer.decision == i32::from(Decision::Retry)
+                            && answer.budget_retry_at_unix_ms > 0,
+                        "job {job} on sidecar {sidecar}: {answer:?}"
+                    );
+                    self.answers.lock().unwrap().push(Answer {
+                        sidecar,
+                        retry_at_ms: answer.budget_retry_at_unix_ms,
+                    });
+                }
+                // The sidecar was just killed: the job is asked nowhere, as in a real Pod.
+                Err(_) if self.clients.lock().unwrap()[sidecar].is_none() => {}
+                Err(status) => bail!("job {job} on sidecar {sidecar}: {status}"),
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        Ok(())
+    }
+
+    fn answers(&self) -> Vec<Answer> {
+        self.answers.lock().unwrap().clone()
+    }
+}
+
+async fn finish(tasks: Vec<tokio::task::JoinHandle<Result<()>>>) -> Result<()> {
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// The schedule of a storm: retries per 100 ms slot, the fullest slot and 1 s window, and
+/// the retries past `burst` in any slot.
+#[derive(Debug)]
+struct Schedule {
+    answers: usize,
+    max_slot: usize,
+    max_window: usize,
+    slots_over_burst: usize,
+    extra: usize,
+    last_slot_s: f64,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} retries over {:.1} s: fullest slot {}, fullest 1 s window {}, {} slots over burst holding {} extra",
+            self.answers,
+            self.last_slot_s,
+            self.max_slot,
+            self.max_window,
+            self.slots_over_burst,
+            self.extra
+        )
+    }
+}
+
+fn schedule(answers: &[Answer]) -> Schedule {
+    let mut per_slot: BTreeMap<u64, usize> = BTreeMap::new();
+    for a in answers {
+        *per_slot.entry(a.retry_at_ms / SLOT_MS).or_default() += 1;
+    }
+    let first = per_slot.keys().next().copied().unwrap_or(0);
+    let last = per_slot.keys().next_back().copied().unwrap_or(0);
+    let counts: Vec<usize> = (first..=last)
+        .map(|s| per_slot.get(&s).copied().unwrap_or(0))
+        .collect();
+    let max_window = counts
+        .windows(SLOTS_PER_SECOND.min(counts.len()).max(1))
+        .map(|w| w.iter().sum())
+        .max()
+        .unwrap_or(0);
+    Schedule {
+        answers: answers.len(),
+        max_slot: counts.iter().copied().max().unwrap_or(0),
+        max_window,
+        slots_over_burst: counts.iter().filter(|c| **c > BURST).count(),
+        extra: counts.iter().map(|c| c.saturating_sub(BURST)).sum(),
+        last_slot_s: (last - first + 1) as f64 * SLOT_MS as f64 / 1e3,
+    }
+}
+
+fn metric(admin: SocketAddr, name: &str) -> Result<f64> {
+    let mut s = TcpStream::connect(admin)?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .with_context(|| format!("no {name} in the metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_budget_holds_across_six_sidecars_and_membership_changes() -> Result<()> {
+    let env = TestEnv::new("fleet-budget").await?;
+    apply_rbac(&env)?;
+    create_configmap(&env).await?;
+    let lease = Duration::from_secs(LEASE_S);
+
+    let mut sidecars = Vec::new();
+    for i in 0..6 {
+        sidecars.push(spawn_sidecar(&env, &format!("worker-{i}")).await?);
+    }
+    let logs: Vec<PathBuf> = sidecars.iter().map(|s| s.log.clone()).collect();
+    let mut clients = Vec::new();
+    for s in &sidecars {
+        clients.push(connect(s.grpc).await?);
+    }
+    let (_, members) = wait_for_members(&mut clients, 6, &logs).await?;
+    assert_eq!(
+        members,
+        [0, 1, 2, 3, 4, 5],
+        "members in the order of their Lease names"
+    );
+    assert_eq!(
+        metric(sidecars[3].admin, "rebound_sidecar_fleet_members")?,
+        6.0
+    );
+    assert_eq!(
+        metric(sidecars[3].admin, "rebound_sidecar_fleet_member")?,
+        3.0
+    );
+    assert_eq!(
+        metric(
+            sidecars[3].admin,
+            "rebound_sidecar_budget_scope{scope=\"fleet\"}"
+        )?,
+        1.0
+    );
+    assert_eq!(
+        metric(sidecars[3].admin, "rebound_sidecar_fleet_membership_stale")?,
+        0.0
+    );
+
+    // Steady: 1,200 jobs, half of them on sidecar 0.
+    let storm = Storm::new(clients.iter().cloned().map(Some).collect());
+    finish(storm.start(QUEUES[0], 1_200, 6)).await?;
+    let steady = schedule(&storm.answers());
+    eprintln!("steady, 6 sidecars: {steady}");
+    assert_eq!(steady.answers, 1_200);
+    assert!(steady.max_slot <= BURST, "{steady}");
+    assert!(steady.max_window <= RATE + BURST, "{steady}");
+    let on_first = storm.answers().iter().filter(|a| a.sidecar == 0).count();
+    assert_eq!(on_first, 600, "sidecar 0 got half");
+
+    // SIGKILL sidecar 5 in the middle of a storm: its Lease stays until it expires.
+    let storm = Storm::new(clients.iter().cloned().map(Some).collect());
+    let tasks = storm.start(QUEUES[1], u64::MAX, 6);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    storm.set(5, None);
+    let mut victim = sidecars.pop().context("six sidecars")?;
+    victim.child.kill()?;
+    let killed = Instant::now();
+    victim.child.wait()?;
+    let (settle_kill, members) = wait_for_members(&mut clients[..5], 5, &logs).await?;
+    let settle_kill = settle_kill.max(killed.elapsed());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    storm.stop.store(true, Ordering::Relaxed);
+    finish(tasks).await?;
+    let kill = schedule(&storm.answers());
+    eprintln!("SIGKILL of 1 of 6: settled in {settle_kill:?}; {kill}");
+    assert_eq!(members, [0, 1, 2, 3, 4]);
+    assert!(
+        settle_kill <= lease + TICK + Duration::from_secs(1),
+        "settle {settle_kill:?}"
+    );
+    assert!(kill.max_slot <= 2 * BURST, "{kill}");
+    assert!(kill.max_window <= 2 * (RATE + BURST), "{kill}");
+    drop(victim);
+
+    // Add a sidecar in the middle of a storm.
+    let storm = Storm::new(clients.iter().take(5).cloned().map(Some).collect());
+    let tasks = storm.start(QUEUES[2], u64::MAX, 6);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let added_at = Instant::now();
+    sidecars.push(spawn_sidecar(&env, "worker-6").await?);
+    clients.truncate(5);
+    clients.push(connect(sidecars[5].grpc).await?);
+    let logs: Vec<PathBuf> = sidecars.iter().map(|s| s.log.clone()).collect();
+    let (_, members) = wait_for_members(&mut clients, 6, &logs).await?;
+    let settle_add = added_at.elapsed();
+    storm.set(5, Some(clients[5].clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    storm.stop.store(true, Ordering::Relaxed);
+    finish(tasks).await?;
+    let add = schedule(&storm.answers());
+    eprintln!("1 added to 5: settled in {settle_add:?} (process start included); {add}");
+    assert_eq!(members, [0, 1, 2, 3, 4, 5]);
+    assert!(add.max_slot <= 2 * BURST, "{add}");
+    assert!(add.max_window <= 2 * (RATE + BURST), "{add}");
+
+    // SIGTERM: the sidecar expires its own Lease on the way out; the others follow at once,
+    // without waiting for the lease duration. Then steady again, on a fresh book.
+    let stopped = Instant::now();
+    let pid = sidecars[5].child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status()?;
+    let exit = sidecars[5].child.wait()?;
+    ensure!(exit.success(), "the sidecar exited with {exit}");
+    let (settle_term, _) = wait_for_members(&mut clients[..5], 5, &logs).await?;
+    let settle_term = settle_term.max(stopped.elapsed());
+    eprintln!("SIGTERM of 1 of 6: settled in {settle_term:?}");
+    assert!(
+        settle_term < lease,
+        "handed over before the Lease would expire: {settle_term:?}"
+    );
+
+    let storm = Storm::new(clients.iter().take(5).cloned().map(Some).collect());
+    finish(storm.start(QUEUES[3], 1_000, 6)).await?;
+    let after = schedule(&storm.answers());
+    eprintln!("steady, 5 sidecars: {after}");
+    assert!(after.max_slot <= BURST, "{after}");
+    assert!(after.max_window <= RATE + BURST, "{after}");
+    for s in &sidecars {
+        eprintln!("{}: log {}", s.pod, s.log.display());
+    }
+    Ok(())
+}

@@ -5,6 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::{Context, Result, bail};
 use clap::{ArgGroup, Parser};
 use rebound_policy::{KubeDuration, compiled::CONFIGMAP_KEY};
+use rebound_runtime::{LogFormat, Logging, StopSignal, StopSignals, pod_namespace};
 use rebound_sidecar::{
     metrics::Metrics,
     server::{self, ListenConfig, Listeners},
@@ -104,14 +105,20 @@ struct Args {
     worker_threads: usize,
 
     /// Log format (as the operator's; level via RUST_LOG).
-    #[arg(long, env = "REBOUND_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    #[arg(long, env = "REBOUND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 fn main() -> Result<()> {
-    rebound_sidecar::store::tune_allocator();
+    rebound_runtime::tune_allocator();
     let args = Args::parse();
-    init_logging(&args.log_format);
+    Logging {
+        format: args.log_format,
+        default_filter: "info",
+        flatten_json_fields: false,
+        ansi_only_on_terminal: true,
+    }
+    .init();
     let runtime = if args.worker_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -135,20 +142,6 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     }
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 async fn run(args: Args) -> Result<()> {
     let listen = ListenConfig {
         tcp: (!args.no_tcp).then_some(args.listen),
@@ -161,6 +154,8 @@ async fn run(args: Args) -> Result<()> {
     if listen.tcp.is_none() && listen.uds.is_none() {
         bail!("--no-tcp needs --uds: there would be nothing to serve on");
     }
+    // Listen for stop signals before serving, so a SIGTERM right after start is not lost.
+    let signals = StopSignals::install()?;
     let listeners = Listeners::bind(&listen).await?;
     tracing::info!(
         grpc = ?listeners.tcp_addr(),
@@ -193,12 +188,16 @@ async fn run(args: Args) -> Result<()> {
         let source = FileSource::mounted_dir(dir, &args.key, poll);
         _file_source = Some(source.spawn(Arc::clone(&store))?);
     } else if !args.policies_file.is_empty() {
-        let source = FileSource::manifests(args.policies_file, pod_namespace(args.namespace), poll);
+        let source = FileSource::manifests(
+            args.policies_file,
+            pod_namespace(args.namespace.as_deref()),
+            poll,
+        );
         _file_source = Some(source.spawn(Arc::clone(&store))?);
     } else if let Some(target) = args.configmap {
         let target = match target.split_once('/') {
             Some(_) => target,
-            None => format!("{}/{target}", pod_namespace(args.namespace)),
+            None => format!("{}/{target}", pod_namespace(args.namespace.as_deref())),
         };
         let started = configmap(
             &target,
@@ -215,7 +214,7 @@ async fn run(args: Args) -> Result<()> {
 
     let clock: Clock = Arc::new(rebound_sidecar::system_now_ms);
     let grace = Duration::from_millis(args.shutdown_grace.as_millis());
-    server::serve(store, clock, listeners, shutdown_signal(), grace).await?;
+    server::serve(store, clock, listeners, shutdown_signal(signals), grace).await?;
     if let Some(task) = watch_task {
         task.abort();
     }
@@ -293,39 +292,10 @@ async fn release(fleet: FleetHandle) {
 #[cfg(not(feature = "kubernetes"))]
 async fn release(_fleet: FleetHandle) {}
 
-/// `--namespace`, else the Pod's: POD_NAMESPACE (set from the downward API), else the
-/// mounted service account's namespace, else `default`.
-fn pod_namespace(given: Option<String>) -> String {
-    const SERVICE_ACCOUNT_NAMESPACE: &str =
-        "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-    given
-        .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .or_else(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
-        .map(|ns| ns.trim().to_owned())
-        .filter(|ns| !ns.is_empty())
-        .unwrap_or_else(|| "default".to_owned())
-}
-
-/// Completes on SIGTERM (kubelet) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    let int = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = term => tracing::info!("SIGTERM"),
-        () = int => tracing::info!("SIGINT"),
+/// Completes on SIGTERM (kubelet) or SIGINT (Ctrl-C), saying which.
+async fn shutdown_signal(mut signals: StopSignals) {
+    match signals.recv().await {
+        StopSignal::Terminate => tracing::info!("SIGTERM"),
+        StopSignal::Interrupt => tracing::info!("SIGINT"),
     }
 }

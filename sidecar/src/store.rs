@@ -374,18 +374,6 @@ impl Store {
     }
 }
 
-/// Keeps glibc from holding on to freed memory: fixed mmap and trim thresholds (glibc
-/// otherwise raises both after the first large buffer is freed, so a reload's garbage
-/// would stay resident).
-pub fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; called before other threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 * 1024);
-    }
-}
-
 /// Hands freed heap pages back to the OS after a reload. Parsing and checking a document
 /// allocates several times the finished table (the bytes, the parsed document, the hash
 /// input), and glibc would otherwise keep that high-water mark as resident memory.

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use rebound_policy::compiled::{CONFIGMAP_KEY, MAX_DOCUMENT_BYTES};
 
-use crate::objects::ConfigMapView;
+use crate::objects::{ConfigMapView, Content};
 
 pub use crate::objects::{HASH_ANNOTATION, MANAGED_BY_LABEL, PART_OF_LABEL};
 
@@ -25,6 +25,13 @@ pub struct Desired {
     /// stays missing; an existing one of ours gets the empty document, so sidecars learn
     /// that the policies were removed.
     pub has_policies: bool,
+}
+
+impl Desired {
+    /// What the ConfigMap holds under the document keys once this is written.
+    pub fn content(&self) -> Content {
+        Content::of(Some(&self.json), None)
+    }
 }
 
 /// The one write (or none) that brings the ConfigMap to the desired state. There is no
@@ -61,7 +68,7 @@ pub fn plan(
         None => Plan::Create(build(name, namespace, desired, None)),
         Some(cm) => {
             if cm.labelled
-                && cm.document.as_deref() == Some(desired.json.as_str())
+                && cm.content == desired.content()
                 && cm.hash_annotation.as_deref() == Some(desired.hash.as_str())
             {
                 Plan::UpToDate
@@ -132,7 +139,7 @@ mod tests {
             resource_version: "7".to_owned(),
             managed,
             labelled: managed,
-            document: json.map(str::to_owned),
+            content: Content::of(json, None),
             hash_annotation: json.map(|j| format!("h-{j}")),
         }
     }

@@ -53,7 +53,7 @@ async fn reconcile_namespace(
     memory: &mut Memory,
 ) -> Result<(), Error> {
     let cm_name = ctx.config.configmap_name.as_str();
-    let views: Vec<PolicyView> = ctx
+    let views: Vec<Arc<PolicyView>> = ctx
         .stores
         .policies_in(namespace)
         .into_iter()
@@ -120,7 +120,7 @@ async fn reconcile_namespace(
     }
 
     let hash = compilation.document.hash.as_str();
-    let verdicts: Vec<(PolicyView, Verdict)> = views
+    let verdicts: Vec<(Arc<PolicyView>, Verdict)> = views
         .into_iter()
         .map(|v| {
             let verdict = verdict(&v, &compilation, blocked.as_ref());
@@ -135,12 +135,11 @@ async fn reconcile_namespace(
             .filter(|(_, v)| !matches!(v, Verdict::Serving { .. }))
             .count() as i64,
         configmap_bytes: match (&blocked, exists) {
-            (None, true) => desired.json.len() as i64,
+            (None, true) => desired.content().bytes as i64,
             _ => current
                 .as_ref()
                 .filter(|c| c.managed)
-                .and_then(|c| c.document.as_ref())
-                .map_or(0, |d| d.len() as i64),
+                .map_or(0, |c| c.content.bytes as i64),
         },
     };
 
@@ -282,7 +281,7 @@ mod tests {
             resource_version: rv.to_owned(),
             managed: true,
             labelled: true,
-            document: Some(format!("doc@{rv}")),
+            content: crate::objects::Content::of(Some(&format!("doc@{rv}")), None),
             hash_annotation: None,
         }
     }

@@ -3,6 +3,7 @@
 //! next reconcile compares against it until the watch cache catches up.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -16,9 +17,9 @@ use crate::configmap::Plan;
 use crate::context::{Context, Memory};
 use crate::error::{Error, status_code};
 use crate::fleet;
-use crate::freshness::{Written, newest};
+use crate::freshness::{Written, compare, newest};
 use crate::objects::{ConfigMapView, PolicyView, policy_resource};
-use crate::status::{self, Verdict};
+use crate::status::{self, StatusSeen, Verdict};
 
 /// Status writes in flight at once within one namespace.
 const STATUS_WRITES_IN_FLIGHT: usize = 16;
@@ -81,7 +82,7 @@ pub(crate) async fn write_configmap(
 pub(crate) async fn write_statuses(
     ctx: &Context,
     namespace: &str,
-    verdicts: Vec<(PolicyView, Verdict)>,
+    verdicts: Vec<(Arc<PolicyView>, Verdict)>,
     sidecars: u32,
     memory: &mut Memory,
 ) -> Result<(), Error> {
@@ -94,6 +95,13 @@ pub(crate) async fn write_statuses(
 
     let mut writes = Vec::new();
     for (view, verdict) in verdicts {
+        // Once the cache holds our write (or something newer), the cache has the word.
+        if let Some(w) = memory.statuses.get(&view.uid)
+            && compare(&view.resource_version, &w.resource_version)
+                .is_some_and(|o| o != std::cmp::Ordering::Less)
+        {
+            memory.statuses.remove(&view.uid);
+        }
         let current = newest(
             Some((view.resource_version.as_str(), view.status.as_ref())),
             memory.statuses.get(&view.uid),
@@ -112,20 +120,21 @@ pub(crate) async fn write_statuses(
             &now,
             cm_name,
         );
-        if current.as_ref() == Some(&desired) {
+        let seen = StatusSeen::of(&desired);
+        if current.as_ref() == Some(&seen) {
             continue;
         }
         let note = status::event(&verdict, current.as_ref(), &desired);
-        writes.push((view, desired, note));
+        writes.push((view, desired, seen, note));
     }
 
     let results: Vec<_> = futures::stream::iter(writes)
-        .map(|(view, desired, note)| {
+        .map(|(view, desired, seen, note)| {
             let api = api.clone();
             async move {
                 ctx.metrics.wrote("status");
                 let result = patch_status(&api, &view.name, &desired).await;
-                (view, desired, note, result)
+                (view, seen, note, result)
             }
         })
         .buffer_unordered(STATUS_WRITES_IN_FLIGHT)
@@ -133,7 +142,7 @@ pub(crate) async fn write_statuses(
         .await;
 
     let mut first_error = None;
-    for (view, desired, note, result) in results {
+    for (view, seen, note, result) in results {
         match result {
             Ok(resource_version) => {
                 if let Some(note) = note {
@@ -143,7 +152,7 @@ pub(crate) async fn write_statuses(
                     view.uid.clone(),
                     Written {
                         resource_version,
-                        value: desired,
+                        value: seen,
                     },
                 );
             }

@@ -66,6 +66,8 @@ pub struct Memory {
     /// Status writes the watch cache has not caught up with yet.
     pub(crate) statuses: HashMap<String, Written<StatusSeen>>,
     pub(crate) summaries: HashMap<String, (i64, ScheduleSummary)>,
+    /// The namespace's document as last compressed (only when it is stored compressed).
+    pub(crate) compressed: crate::configmap::Compressed,
 }
 
 /// Everything a reconcile needs; shared by all of them.

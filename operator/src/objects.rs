@@ -184,6 +184,10 @@ pub struct Content {
     pub fingerprint: u64,
     /// Bytes under the document keys, both forms.
     pub bytes: usize,
+    /// `data` holds the key (the plain form).
+    pub plain: bool,
+    /// `binaryData` holds the key (the compressed form).
+    pub compressed: bool,
 }
 
 impl Content {
@@ -197,6 +201,8 @@ impl Content {
         Self {
             fingerprint: hasher.finish(),
             bytes: plain.map_or(0, str::len) + compressed.map_or(0, <[u8]>::len),
+            plain: plain.is_some(),
+            compressed: compressed.is_some(),
         }
     }
 
@@ -207,7 +213,12 @@ impl Content {
             .as_ref()
             .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
             .map(String::as_str);
-        Self::of(plain, None)
+        let compressed = cm
+            .binary_data
+            .as_ref()
+            .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
+            .map(|b| b.0.as_slice());
+        Self::of(plain, compressed)
     }
 }
 

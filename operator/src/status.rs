@@ -129,8 +129,14 @@ pub enum Verdict {
 pub enum Blocked {
     /// A ConfigMap of that name exists without our managed-by label.
     NotOwned { configmap: String },
-    /// The document would not fit in a ConfigMap.
-    TooLarge { bytes: usize, limit: usize },
+    /// With this policy the namespace's document would not fit in a ConfigMap even
+    /// compressed (`bytes` it would take, over `limit`); the `served` older ones that fit
+    /// are written without it.
+    TooLarge {
+        bytes: usize,
+        limit: usize,
+        served: usize,
+    },
     /// The API server refused or failed the write; retried with backoff.
     ApplyFailed { message: String },
 }
@@ -199,11 +205,16 @@ fn wanted(verdict: &Verdict, configmap: &str) -> Wanted {
                  delete or rename it so the policies of this namespace can be written"
             ),
         ),
-        Verdict::Blocked(Blocked::TooLarge { bytes, limit }) => stuck(
+        Verdict::Blocked(Blocked::TooLarge {
+            bytes,
+            limit,
+            served,
+        }) => stuck(
             reason::DOCUMENT_TOO_LARGE,
             format!(
-                "the compiled policies of this namespace take {bytes} bytes, over the \
-                 {limit}-byte limit; ConfigMap {configmap} was left unchanged"
+                "the compiled policies of this namespace would take {bytes} bytes even \
+                 compressed, over the {limit}-byte limit of ConfigMap {configmap}; the \
+                 {served} older policies that fit are served, this one is left out"
             ),
         ),
         Verdict::Blocked(Blocked::ApplyFailed { message }) => Wanted {

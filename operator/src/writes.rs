@@ -38,7 +38,7 @@ pub(crate) async fn write_configmap(
         value: ConfigMapView::from_configmap(cm),
     };
     match plan {
-        Plan::UpToDate | Plan::NotOwned | Plan::TooLarge { .. } => Ok(()),
+        Plan::UpToDate | Plan::NotOwned => Ok(()),
         Plan::Create(cm) => {
             ctx.metrics.wrote("configmap");
             let params = PostParams {
@@ -54,6 +54,25 @@ pub(crate) async fn write_configmap(
                 Err(e) if status_code(&e) == Some(409) => Err(conflict()),
                 Err(e) => Err(Error::api(
                     format!("creating ConfigMap {namespace}/{name}"),
+                    e,
+                )),
+            }
+        }
+        Plan::Switch(patch) => {
+            ctx.metrics.wrote("configmap");
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            };
+            match api.patch(name, &params, &Patch::Merge(&patch)).await {
+                Ok(patched) => {
+                    info!(%namespace, configmap = name, "ConfigMap document changed form");
+                    memory.configmap = Some(record(&patched));
+                    Ok(())
+                }
+                Err(e) if matches!(status_code(&e), Some(409) | Some(404)) => Err(conflict()),
+                Err(e) => Err(Error::api(
+                    format!("switching ConfigMap {namespace}/{name}"),
                     e,
                 )),
             }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -138,12 +138,31 @@ pub async fn compiled_document(
     else {
         return Ok(None);
     };
-    let json = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(CONFIGMAP_KEY))
-        .ok_or_else(|| anyhow!("ConfigMap {namespace}/{name} has no key {CONFIGMAP_KEY}"))?;
-    let doc = CompiledDocument::from_json(json.as_bytes())
+    // As text in `data`, or gzip'd in `binaryData` (a document past 900 KiB).
+    let json = match cm.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)) {
+        Some(text) => text.clone().into_bytes(),
+        None => {
+            let gz = cm
+                .binary_data
+                .as_ref()
+                .and_then(|d| d.get(CONFIGMAP_KEY))
+                .ok_or_else(|| {
+                    anyhow!("ConfigMap {namespace}/{name} has no key {CONFIGMAP_KEY}")
+                })?;
+            let limit = rebound_policy::compiled::MAX_INFLATED_DOCUMENT_BYTES as u64;
+            let mut json = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(flate2::read::GzDecoder::new(&gz.0[..]), limit + 1),
+                &mut json,
+            )
+            .with_context(|| format!("ConfigMap {namespace}/{name}: not a valid gzip document"))?;
+            if json.len() as u64 > limit {
+                bail!("ConfigMap {namespace}/{name}: the document inflates past {limit} bytes");
+            }
+            json
+        }
+    };
+    let doc = CompiledDocument::from_json(&json)
         .with_context(|| format!("ConfigMap {namespace}/{name}"))?;
     Ok(Some(doc))
 }

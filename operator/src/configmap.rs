@@ -7,12 +7,15 @@
 //! adopted, even in a race. The operator never deletes the ConfigMap.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use rebound_policy::compiled::{CONFIGMAP_KEY, MAX_DOCUMENT_BYTES};
+use rebound_policy::compiled::{CONFIGMAP_KEY, MAX_DOCUMENT_BYTES, MAX_INFLATED_DOCUMENT_BYTES};
 
-use crate::objects::ConfigMapView;
+use crate::objects::{ConfigMapView, Content};
 
 pub use crate::objects::{HASH_ANNOTATION, MANAGED_BY_LABEL, PART_OF_LABEL};
 
@@ -25,6 +28,63 @@ pub struct Desired {
     /// stays missing; an existing one of ours gets the empty document, so sidecars learn
     /// that the policies were removed.
     pub has_policies: bool,
+    /// The JSON gzip'd, when it is too large for `data`: then it goes to `binaryData`
+    /// under the same key (and `data` loses the key).
+    pub compressed: Option<Arc<[u8]>>,
+}
+
+/// The last document compressed, by hash: a namespace's reconciles compress only when
+/// the document changes.
+pub type Compressed = Option<(String, Arc<[u8]>)>;
+
+impl Desired {
+    /// The document as it will be stored: plain up to [`MAX_DOCUMENT_BYTES`], else gzip'd
+    /// if that fits and its JSON stays within [`MAX_INFLATED_DOCUMENT_BYTES`] (what a
+    /// sidecar inflates). `Err` carries the bytes it would take (gzip'd where tried).
+    pub fn new(
+        json: String,
+        hash: String,
+        has_policies: bool,
+        last: &mut Compressed,
+    ) -> Result<Self, usize> {
+        let mut desired = Self {
+            json,
+            hash,
+            has_policies,
+            compressed: None,
+        };
+        if desired.json.len() <= MAX_DOCUMENT_BYTES {
+            return Ok(desired);
+        }
+        if desired.json.len() > MAX_INFLATED_DOCUMENT_BYTES {
+            return Err(desired.json.len());
+        }
+        let gz = match last {
+            Some((hash, gz)) if *hash == desired.hash => gz.clone(),
+            _ => gzip(desired.json.as_bytes()),
+        };
+        if gz.len() > MAX_DOCUMENT_BYTES {
+            return Err(gz.len());
+        }
+        *last = Some((desired.hash.clone(), gz.clone()));
+        desired.compressed = Some(gz);
+        Ok(desired)
+    }
+
+    /// What the ConfigMap holds under the document keys once this is written.
+    pub fn content(&self) -> Content {
+        match &self.compressed {
+            Some(gz) => Content::of(None, Some(gz)),
+            None => Content::of(Some(&self.json), None),
+        }
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Arc<[u8]> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = encoder.write_all(bytes);
+    encoder.finish().unwrap_or_default().into()
 }
 
 /// The one write (or none) that brings the ConfigMap to the desired state. There is no
@@ -37,12 +97,13 @@ pub enum Plan {
     Create(ConfigMap),
     /// Server-side apply; the object carries the resourceVersion precondition.
     Apply(ConfigMap),
+    /// The document changes form (plain ↔ compressed): a JSON merge patch that sets the
+    /// new key and removes the old one in one write, with the resourceVersion precondition.
+    /// (Server-side apply would leave the old key where the first write, a create, owns it,
+    /// and a key in both `data` and `binaryData` is invalid.)
+    Switch(serde_json::Value),
     /// Someone else's ConfigMap has that name.
     NotOwned,
-    /// The document exceeds [`MAX_DOCUMENT_BYTES`]; the ConfigMap stays as it is.
-    TooLarge {
-        bytes: usize,
-    },
 }
 
 /// Decides the write from the ConfigMap as last seen (`None`: there is none).
@@ -55,16 +116,17 @@ pub fn plan(
     match current {
         Some(cm) if !cm.managed => Plan::NotOwned,
         None if !desired.has_policies => Plan::UpToDate,
-        _ if desired.json.len() > MAX_DOCUMENT_BYTES => Plan::TooLarge {
-            bytes: desired.json.len(),
-        },
         None => Plan::Create(build(name, namespace, desired, None)),
         Some(cm) => {
             if cm.labelled
-                && cm.document.as_deref() == Some(desired.json.as_str())
+                && cm.content == desired.content()
                 && cm.hash_annotation.as_deref() == Some(desired.hash.as_str())
             {
                 Plan::UpToDate
+            } else if (desired.compressed.is_some() && cm.content.plain)
+                || (desired.compressed.is_none() && cm.content.compressed)
+            {
+                Plan::Switch(switch(desired, &cm.resource_version))
             } else {
                 Plan::Apply(build(
                     name,
@@ -99,12 +161,43 @@ pub fn build(
             )])),
             ..ObjectMeta::default()
         },
-        data: Some(BTreeMap::from([(
-            CONFIGMAP_KEY.to_owned(),
-            desired.json.clone(),
-        )])),
+        data: desired
+            .compressed
+            .is_none()
+            .then(|| BTreeMap::from([(CONFIGMAP_KEY.to_owned(), desired.json.clone())])),
+        binary_data: desired
+            .compressed
+            .as_ref()
+            .map(|gz| BTreeMap::from([(CONFIGMAP_KEY.to_owned(), ByteString(gz.to_vec()))])),
         ..ConfigMap::default()
     }
+}
+
+/// The merge patch of [`Plan::Switch`].
+fn switch(desired: &Desired, resource_version: &str) -> serde_json::Value {
+    let (plain, compressed) = match &desired.compressed {
+        // ByteString serializes as base64, as the API wants binaryData.
+        Some(gz) => (
+            serde_json::Value::Null,
+            serde_json::to_value(ByteString(gz.to_vec())).unwrap_or_default(),
+        ),
+        None => (
+            serde_json::Value::String(desired.json.clone()),
+            serde_json::Value::Null,
+        ),
+    };
+    serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": {
+                MANAGED_BY_LABEL: crate::FIELD_MANAGER,
+                PART_OF_LABEL: "rebound",
+            },
+            "annotations": { HASH_ANNOTATION: desired.hash },
+        },
+        "data": { CONFIGMAP_KEY: plain },
+        "binaryData": { CONFIGMAP_KEY: compressed },
+    })
 }
 
 #[cfg(test)]
@@ -116,6 +209,7 @@ mod tests {
             json: json.to_owned(),
             hash: format!("h-{json}"),
             has_policies: true,
+            compressed: None,
         }
     }
 
@@ -132,7 +226,7 @@ mod tests {
             resource_version: "7".to_owned(),
             managed,
             labelled: managed,
-            document: json.map(str::to_owned),
+            content: Content::of(json, None),
             hash_annotation: json.map(|j| format!("h-{j}")),
         }
     }
@@ -207,11 +301,64 @@ mod tests {
     }
 
     #[test]
-    fn refuses_oversize_documents() {
-        let big = desired(&"x".repeat(MAX_DOCUMENT_BYTES + 1));
-        assert!(matches!(
-            plan("cm", "ns", None, &big),
-            Plan::TooLarge { .. }
-        ));
+    fn a_large_document_goes_compressed_into_binary_data() {
+        let json = format!("{{\"x\":\"{}\"}}", "ab".repeat(MAX_DOCUMENT_BYTES));
+        let mut last = None;
+        let big = Desired::new(json.clone(), "h".to_owned(), true, &mut last).expect("fits");
+        let gz = big.compressed.clone().expect("compressed");
+        assert!(gz.len() <= MAX_DOCUMENT_BYTES);
+        let mut inflated = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut inflated)
+            .expect("gzip");
+        assert_eq!(inflated, json.as_bytes());
+        let Plan::Create(cm) = plan("cm", "ns", None, &big) else {
+            panic!("expected a create");
+        };
+        assert!(cm.data.is_none());
+        let stored = cm.binary_data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY));
+        assert_eq!(stored.map(|b| &b.0[..]), Some(&gz[..]));
+        assert_eq!(Content::of_configmap(&cm), big.content());
+        // Written: the same document is up to date, from the cache of the last gzip.
+        let written = ConfigMapView {
+            content: big.content(),
+            hash_annotation: Some("h".to_owned()),
+            ..view(true, None)
+        };
+        let again = Desired::new(json, "h".to_owned(), true, &mut last).expect("fits");
+        assert_eq!(plan("cm", "ns", Some(&written), &again), Plan::UpToDate);
+        // Written plain before: one write that swaps the forms.
+        let plain = ConfigMapView {
+            content: Content::of(Some("{}"), None),
+            ..view(true, Some("{}"))
+        };
+        let Plan::Switch(patch) = plan("cm", "ns", Some(&plain), &big) else {
+            panic!("expected a switch");
+        };
+        assert_eq!(patch["data"][CONFIGMAP_KEY], serde_json::Value::Null);
+        assert!(patch["binaryData"][CONFIGMAP_KEY].is_string());
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        // A small one stays plain.
+        let small = Desired::new("{}".to_owned(), "h".to_owned(), true, &mut last);
+        assert_eq!(small.map(|d| d.compressed), Ok(None));
+    }
+
+    #[test]
+    fn refuses_what_does_not_fit_even_compressed() {
+        // Pseudo-random text does not compress below the limit.
+        let mut x: u64 = 1;
+        let noise: String = (0..MAX_DOCUMENT_BYTES * 2)
+            .map(|_| {
+                x = rebound_policy::decide::mix64(x);
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect();
+        let json = format!("{{\"x\":\"{noise}\"}}");
+        let bytes = Desired::new(json, "h".to_owned(), true, &mut None).expect_err("too large");
+        assert!(bytes > MAX_DOCUMENT_BYTES);
+        let huge = "x".repeat(MAX_INFLATED_DOCUMENT_BYTES + 1);
+        assert_eq!(
+            Desired::new(huge, "h".to_owned(), true, &mut None),
+            Err(MAX_INFLATED_DOCUMENT_BYTES + 1)
+        );
     }
 }

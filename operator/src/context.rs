@@ -7,35 +7,33 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::DynamicObject;
-use kube::runtime::reflector::{ObjectRef, Store};
-use rebound_policy::RetryPolicyStatus;
+use kube::runtime::reflector::Store;
 use rebound_policy::spec::ScheduleSummary;
 
+use crate::cache::Cache;
 use crate::events::Events;
 use crate::freshness::Written;
 use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView};
+use crate::status::StatusSeen;
 use crate::{Config, backoff::Requeue};
 
 /// The watch caches a reconcile reads from (one per watched scope).
 #[derive(Clone, Default)]
 pub struct Stores {
-    pub policies: Vec<Store<DynamicObject>>,
-    pub configmaps: Vec<Store<ConfigMap>>,
+    pub policies: Vec<Cache<PolicyView>>,
+    pub configmaps: Vec<Cache<ConfigMapView>>,
     /// Sidecar Leases (label selector [`crate::fleet::SELECTOR`]).
     pub leases: Vec<Store<Lease>>,
 }
 
 impl Stores {
-    pub(crate) fn policies_in(&self, namespace: &str) -> Vec<PolicyView> {
+    pub(crate) fn policies_in(&self, namespace: &str) -> Vec<Arc<PolicyView>> {
         self.policies
             .iter()
-            .flat_map(|s| s.state_filter(|o| o.namespace().as_deref() == Some(namespace)))
-            .filter_map(|o| PolicyView::from_dynamic(&o))
+            .flat_map(|c| c.in_namespace(namespace))
             .collect()
     }
 
@@ -53,11 +51,10 @@ impl Stores {
     }
 
     pub(crate) fn configmap(&self, namespace: &str, name: &str) -> Option<ConfigMapView> {
-        let key = ObjectRef::<ConfigMap>::new(name).within(namespace);
         self.configmaps
             .iter()
-            .find_map(|s| s.get(&key))
-            .map(|cm| ConfigMapView::from_configmap(&cm))
+            .find_map(|c| c.get(namespace, name))
+            .map(|view| (*view).clone())
     }
 }
 
@@ -66,8 +63,11 @@ impl Stores {
 #[derive(Default)]
 pub struct Memory {
     pub(crate) configmap: Option<Written<ConfigMapView>>,
-    pub(crate) statuses: HashMap<String, Written<RetryPolicyStatus>>,
+    /// Status writes the watch cache has not caught up with yet.
+    pub(crate) statuses: HashMap<String, Written<StatusSeen>>,
     pub(crate) summaries: HashMap<String, (i64, ScheduleSummary)>,
+    /// The namespace's document as last compressed (only when it is stored compressed).
+    pub(crate) compressed: crate::configmap::Compressed,
 }
 
 /// Everything a reconcile needs; shared by all of them.

@@ -25,11 +25,12 @@ use tracing::{debug, info, warn};
 
 use crate::Config;
 use crate::backoff::{Requeue, WatchBackoff};
+use crate::cache::Cache;
 use crate::context::{Context, Stores};
 use crate::events::Events;
 use crate::fleet::{self, Membership};
 use crate::metrics::Metrics;
-use crate::objects::{policy_resource, slim_configmap, slim_policy};
+use crate::objects::{ConfigMapView, PolicyView, policy_resource, slim_configmap, slim_policy};
 use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
 
@@ -90,14 +91,17 @@ pub async fn run(
             None => Api::all_with(client.clone(), &resource),
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         };
-        let writer = Writer::new(resource.clone());
-        stores.policies.push(writer.as_reader());
+        let cache = Cache::default();
+        stores.policies.push(cache.clone());
         let scope_name = scope.clone();
         streams.push(
             watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
                 .backoff(WatchBackoff::new(format!("policies/{stream}")))
-                .map_ok(|e| e.modify(slim_policy))
-                .reflect(writer)
+                .map_ok(move |e| {
+                    let e = e.modify(slim_policy);
+                    cache.apply(&e, PolicyView::keyed);
+                    e
+                })
                 .map(move |r| match r {
                     Ok(event) => Incoming::Policy {
                         stream,
@@ -113,8 +117,8 @@ pub async fn run(
             None => Api::all(client.clone()),
             Some(ns) => Api::namespaced(client.clone(), ns),
         };
-        let writer = Writer::new(());
-        stores.configmaps.push(writer.as_reader());
+        let cache = Cache::default();
+        stores.configmaps.push(cache.clone());
         streams.push(
             watcher(
                 configmaps,
@@ -123,8 +127,10 @@ pub async fn run(
                     .page_size(CONFIGMAP_PAGE),
             )
             .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
-            .map_ok(|e| e.modify(slim_configmap))
-            .reflect(writer)
+            .map_ok(move |e| {
+                cache.apply(&e, ConfigMapView::keyed);
+                e.modify(slim_configmap)
+            })
             .map(move |r| match r {
                 Ok(event) => Incoming::ConfigMap { stream, event },
                 Err(e) => Incoming::Error(e),

@@ -14,6 +14,9 @@ pub enum Error {
     /// event of that change brings a fresh view.
     #[error("{0} changed while being written; retrying with a fresh view")]
     Conflict(String),
+    /// Work on the blocking pool did not finish (the runtime is shutting down).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -29,6 +32,7 @@ impl Error {
         match self {
             Error::Api { source, .. } => status_code(source),
             Error::Conflict(_) => Some(409),
+            Error::Internal(_) => None,
         }
     }
 
@@ -37,6 +41,7 @@ impl Error {
         match self {
             Error::Api { .. } => "api",
             Error::Conflict(_) => "conflict",
+            Error::Internal(_) => "internal",
         }
     }
 }

@@ -7,6 +7,7 @@
 //! [`controller`] do the I/O.
 
 pub mod backoff;
+pub mod cache;
 pub mod config;
 pub mod configmap;
 pub mod context;

@@ -9,6 +9,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
+use serde::Deserialize;
+
+use crate::cache::Keyed;
+use crate::status::StatusSeen;
 
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
@@ -34,7 +38,7 @@ pub struct PolicyView {
     pub deleting: bool,
     pub spec: Result<RetryPolicySpec, FieldError>,
     /// `None` when absent or unreadable (then it is simply rewritten).
-    pub status: Option<RetryPolicyStatus>,
+    pub status: Option<StatusSeen>,
 }
 
 impl PolicyView {
@@ -51,7 +55,8 @@ impl PolicyView {
         let status = obj
             .data
             .get("status")
-            .and_then(|s| serde_json::from_value::<RetryPolicyStatus>(s.clone()).ok());
+            .and_then(|s| RetryPolicyStatus::deserialize(s).ok())
+            .map(|s| StatusSeen::of(&s));
         Some(Self {
             name: meta.name.clone()?,
             namespace: meta.namespace.clone()?,
@@ -63,6 +68,15 @@ impl PolicyView {
             spec,
             status,
         })
+    }
+
+    /// The watch cache's key and view of a policy.
+    pub fn keyed(obj: &DynamicObject) -> Keyed<Self> {
+        Keyed {
+            namespace: obj.metadata.namespace.clone().unwrap_or_default(),
+            name: obj.metadata.name.clone().unwrap_or_default(),
+            view: Self::from_dynamic(obj),
+        }
     }
 
     /// What events and API calls name this policy by.
@@ -158,12 +172,66 @@ pub struct ConfigMapView {
     pub managed: bool,
     /// Carries both of our labels with our values.
     pub labelled: bool,
-    /// The compiled document, if present.
-    pub document: Option<String>,
+    /// What the document keys hold, as a fingerprint (the document itself is not kept).
+    pub content: Content,
     pub hash_annotation: Option<String>,
 }
 
+/// A fingerprint of what a ConfigMap holds under the document's keys, and its size: enough
+/// to tell whether a write would change it, without keeping the document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Content {
+    pub fingerprint: u64,
+    /// Bytes under the document keys, both forms.
+    pub bytes: usize,
+    /// `data` holds the key (the plain form).
+    pub plain: bool,
+    /// `binaryData` holds the key (the compressed form).
+    pub compressed: bool,
+}
+
+impl Content {
+    /// Of the plain document (`data`) and the compressed one (`binaryData`), either
+    /// possibly absent.
+    pub fn of(plain: Option<&str>, compressed: Option<&[u8]>) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        plain.hash(&mut hasher);
+        compressed.hash(&mut hasher);
+        Self {
+            fingerprint: hasher.finish(),
+            bytes: plain.map_or(0, str::len) + compressed.map_or(0, <[u8]>::len),
+            plain: plain.is_some(),
+            compressed: compressed.is_some(),
+        }
+    }
+
+    /// What a ConfigMap holds under the document keys.
+    pub fn of_configmap(cm: &ConfigMap) -> Self {
+        let plain = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
+            .map(String::as_str);
+        let compressed = cm
+            .binary_data
+            .as_ref()
+            .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
+            .map(|b| b.0.as_slice());
+        Self::of(plain, compressed)
+    }
+}
+
 impl ConfigMapView {
+    /// The watch cache's key and view of a ConfigMap.
+    pub fn keyed(cm: &ConfigMap) -> Keyed<Self> {
+        Keyed {
+            namespace: cm.metadata.namespace.clone().unwrap_or_default(),
+            name: cm.metadata.name.clone().unwrap_or_default(),
+            view: Some(Self::from_configmap(cm)),
+        }
+    }
+
     pub fn from_configmap(cm: &ConfigMap) -> Self {
         let label = |key: &str| cm.labels().get(key).map(String::as_str);
         let labelled = label(MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
@@ -174,11 +242,7 @@ impl ConfigMapView {
             managed: label(MANAGED_BY_LABEL) == Some(crate::FIELD_MANAGER)
                 || written_by_us(cm.meta()),
             labelled,
-            document: cm
-                .data
-                .as_ref()
-                .and_then(|d| d.get(rebound_policy::compiled::CONFIGMAP_KEY))
-                .cloned(),
+            content: Content::of_configmap(cm),
             hash_annotation: cm.annotations().get(HASH_ANNOTATION).cloned(),
         }
     }

@@ -3,7 +3,7 @@
 //! (and only if) it differs from what the policy already shows.
 
 use std::cmp::Ordering;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,10 +11,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
+use rebound_policy::compiled::MAX_DOCUMENT_BYTES;
+use rebound_policy::pattern::policy_order;
 use rebound_policy::{PolicyOutcome, PolicySource, compile};
 use tracing::{debug, warn};
 
-use crate::configmap::{self, Desired, Plan};
+use crate::configmap::{self, Compressed, Desired, Plan};
 use crate::context::{Context, Memory};
 use crate::error::Error;
 use crate::freshness::{Written, compare};
@@ -53,7 +55,7 @@ async fn reconcile_namespace(
     memory: &mut Memory,
 ) -> Result<(), Error> {
     let cm_name = ctx.config.configmap_name.as_str();
-    let views: Vec<PolicyView> = ctx
+    let views: Vec<Arc<PolicyView>> = ctx
         .stores
         .policies_in(namespace)
         .into_iter()
@@ -74,11 +76,27 @@ async fn reconcile_namespace(
             })
         })
         .collect();
-    let compilation = compile(namespace, sources);
-    let desired = Desired {
-        json: compilation.document.to_json(),
-        hash: compilation.document.hash.clone(),
-        has_policies: !views.is_empty(),
+    let has_policies = !views.is_empty();
+    // Compiling, compressing and fitting are CPU work (a large namespace takes tens of
+    // milliseconds): on the blocking pool, like the summaries.
+    let (ns, last) = (namespace.to_owned(), memory.compressed.take());
+    let fitted = tokio::task::spawn_blocking(move || {
+        let mut last = last;
+        let fitted = fit(&ns, sources, has_policies, &mut last);
+        (fitted, last)
+    })
+    .await;
+    let Fitted {
+        compilation,
+        desired,
+        left_out,
+    } = match fitted {
+        Ok((fitted, last)) => {
+            memory.compressed = last;
+            fitted
+        }
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => return Err(Error::Internal(format!("compiling {namespace}: {e}"))),
     };
 
     let cached = ctx.stores.configmap(namespace, cm_name);
@@ -101,10 +119,6 @@ async fn reconcile_namespace(
         Plan::NotOwned => Some(Blocked::NotOwned {
             configmap: cm_name.to_owned(),
         }),
-        Plan::TooLarge { bytes } => Some(Blocked::TooLarge {
-            bytes: *bytes,
-            limit: rebound_policy::compiled::MAX_DOCUMENT_BYTES,
-        }),
         _ => None,
     };
     let mut failure = None;
@@ -120,13 +134,25 @@ async fn reconcile_namespace(
     }
 
     let hash = compilation.document.hash.as_str();
-    let verdicts: Vec<(PolicyView, Verdict)> = views
+    let outcomes: HashMap<&str, &PolicyOutcome> = compilation
+        .outcomes
+        .iter()
+        .map(|(name, outcome)| (name.as_str(), outcome))
+        .collect();
+    let verdicts: Vec<(Arc<PolicyView>, Verdict)> = views
         .into_iter()
         .map(|v| {
-            let verdict = verdict(&v, &compilation, blocked.as_ref());
+            let outcome = outcomes.get(v.name.as_str()).copied();
+            let verdict = match left_out.get(&v.name) {
+                Some(too_large) if blocked.is_none() && v.spec.is_ok() => {
+                    Verdict::Blocked(too_large.clone())
+                }
+                _ => verdict(&v, outcome, blocked.as_ref()),
+            };
             (v, verdict)
         })
         .collect();
+    drop(outcomes);
     refresh_summaries(memory, &compilation).await;
     let figures = NamespaceFigures {
         compiled: compilation.document.policies.len() as i64,
@@ -135,12 +161,11 @@ async fn reconcile_namespace(
             .filter(|(_, v)| !matches!(v, Verdict::Serving { .. }))
             .count() as i64,
         configmap_bytes: match (&blocked, exists) {
-            (None, true) => desired.json.len() as i64,
+            (None, true) => desired.content().bytes as i64,
             _ => current
                 .as_ref()
                 .filter(|c| c.managed)
-                .and_then(|c| c.document.as_ref())
-                .map_or(0, |d| d.len() as i64),
+                .map_or(0, |c| c.content.bytes as i64),
         },
     };
 
@@ -153,6 +178,88 @@ async fn reconcile_namespace(
     match failure {
         Some(e) => Err(e),
         None => status_result,
+    }
+}
+
+/// What a namespace's reconcile writes: the compilation of the policies that fit, its
+/// document, and why each policy left out was left out.
+struct Fitted {
+    compilation: rebound_policy::Compilation,
+    desired: Desired,
+    /// By policy name.
+    left_out: HashMap<String, Blocked>,
+}
+
+/// Compiles the namespace. When the document does not fit a ConfigMap even compressed,
+/// the oldest policies that fit are compiled (the order that also settles conflicts:
+/// older first, then by name) and the rest are left out, each reporting that it does not
+/// fit; so a policy that pushes a namespace over the limit never takes the others down.
+fn fit(
+    namespace: &str,
+    sources: Vec<PolicySource>,
+    has_policies: bool,
+    last: &mut Compressed,
+) -> Fitted {
+    let attempt = |sources: Vec<PolicySource>, last: &mut Compressed| {
+        let compilation = compile(namespace, sources);
+        let desired = Desired::new(
+            compilation.document.to_json(),
+            compilation.document.hash.clone(),
+            has_policies,
+            last,
+        );
+        desired.map(|d| (compilation, d))
+    };
+    let bytes = match attempt(sources.clone(), last) {
+        Ok((compilation, desired)) => {
+            return Fitted {
+                compilation,
+                desired,
+                left_out: HashMap::new(),
+            };
+        }
+        Err(bytes) => bytes,
+    };
+    let mut ordered = sources;
+    ordered.sort_by(|a, b| policy_order((a.created, &a.name), (b.created, &b.name)));
+    // The largest prefix that fits: none always does (the empty document).
+    let (mut fits, mut too_many) = (0, ordered.len());
+    while too_many - fits > 1 {
+        let mid = fits + (too_many - fits) / 2;
+        if attempt(ordered[..mid].to_vec(), &mut None).is_ok() {
+            fits = mid;
+        } else {
+            too_many = mid;
+        }
+    }
+    let rest = ordered.split_off(fits);
+    let (compilation, desired) = match attempt(ordered, last) {
+        Ok(fitted) => fitted,
+        // Unreachable in practice (the prefix was just tried); the empty document fits.
+        Err(_) => attempt(Vec::new(), last).unwrap_or_else(|_| {
+            let compilation = compile(namespace, Vec::new());
+            let desired = Desired {
+                json: compilation.document.to_json(),
+                hash: compilation.document.hash.clone(),
+                has_policies,
+                compressed: None,
+            };
+            (compilation, desired)
+        }),
+    };
+    let too_large = Blocked::TooLarge {
+        bytes,
+        limit: MAX_DOCUMENT_BYTES,
+        served: compilation.document.policies.len(),
+    };
+    let left_out = rest
+        .into_iter()
+        .map(|s| (s.name, too_large.clone()))
+        .collect();
+    Fitted {
+        compilation,
+        desired,
+        left_out,
     }
 }
 
@@ -203,12 +310,12 @@ async fn live_configmap(
 /// What compiling did to one policy, given whether the document could be written.
 fn verdict(
     view: &PolicyView,
-    compilation: &rebound_policy::Compilation,
+    outcome: Option<&PolicyOutcome>,
     blocked: Option<&Blocked>,
 ) -> Verdict {
     let outcome = match &view.spec {
         Err(e) => return Verdict::Invalid(vec![e.clone()]),
-        Ok(_) => compilation.outcome(&view.name),
+        Ok(_) => outcome,
     };
     match (outcome, blocked) {
         (Some(PolicyOutcome::Invalid(errors)), _) => Verdict::Invalid(errors.clone()),
@@ -282,7 +389,7 @@ mod tests {
             resource_version: rv.to_owned(),
             managed: true,
             labelled: true,
-            document: Some(format!("doc@{rv}")),
+            content: crate::objects::Content::of(Some(&format!("doc@{rv}")), None),
             hash_annotation: None,
         }
     }

@@ -29,6 +29,85 @@ pub mod reason {
 /// Longest condition message; a policy with many invalid fields gets the first ones.
 const MAX_MESSAGE: usize = 1024;
 
+/// What a reconcile keeps of a policy's current status: enough to carry
+/// `lastTransitionTime` over, to tell whether an event is due and whether a write would
+/// change anything, at a fraction of the status's size (the watch cache holds one per
+/// policy).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusSeen {
+    /// Fingerprint of the whole status as its typed form serializes.
+    whole: u64,
+    observed_generation: Option<i64>,
+    /// Fingerprint of Ready's (status, reason, message), if there is a Ready condition.
+    ready: Option<u64>,
+    /// Fingerprint of `summary.retryBudget`, if there is one.
+    budget: Option<u64>,
+    transitions: Box<[Transition]>,
+}
+
+/// (type, status, lastTransitionTime) of one condition.
+type Transition = (Box<str>, Box<str>, Box<str>);
+
+impl StatusSeen {
+    pub fn of(status: &RetryPolicyStatus) -> Self {
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .map(|c| fingerprint(&(&c.status, &c.reason, &c.message)));
+        let budget = status
+            .summary
+            .as_ref()
+            .and_then(|s| s.retry_budget.as_ref())
+            .map(fingerprint);
+        Self {
+            whole: fingerprint(status),
+            observed_generation: status.observed_generation,
+            ready,
+            budget,
+            transitions: status
+                .conditions
+                .iter()
+                .map(|c| {
+                    (
+                        c.type_.as_str().into(),
+                        c.status.as_str().into(),
+                        c.last_transition_time.as_str().into(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// When the condition `type_` last became `status`, if it has that status now.
+    fn since(&self, type_: &str, status: &str) -> Option<&str> {
+        self.transitions
+            .iter()
+            .find(|(t, _, _)| &**t == type_)
+            .filter(|(_, s, _)| &**s == status)
+            .map(|(_, _, since)| &**since)
+    }
+}
+
+/// A 64-bit fingerprint of a value's JSON form (in-process only: never stored or sent).
+fn fingerprint<T: serde::Serialize + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    struct Sink(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut sink = Sink(std::collections::hash_map::DefaultHasher::new());
+    // Serializing these plain structs into a sink that cannot fail cannot fail.
+    let _ = serde_json::to_writer(&mut sink, value);
+    sink.0.finish()
+}
+
 /// What happened to one policy in its namespace's reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
@@ -50,8 +129,14 @@ pub enum Verdict {
 pub enum Blocked {
     /// A ConfigMap of that name exists without our managed-by label.
     NotOwned { configmap: String },
-    /// The document would not fit in a ConfigMap.
-    TooLarge { bytes: usize, limit: usize },
+    /// With this policy the namespace's document would not fit in a ConfigMap even
+    /// compressed (`bytes` it would take, over `limit`); the `served` older ones that fit
+    /// are written without it.
+    TooLarge {
+        bytes: usize,
+        limit: usize,
+        served: usize,
+    },
     /// The API server refused or failed the write; retried with backoff.
     ApplyFailed { message: String },
 }
@@ -120,11 +205,16 @@ fn wanted(verdict: &Verdict, configmap: &str) -> Wanted {
                  delete or rename it so the policies of this namespace can be written"
             ),
         ),
-        Verdict::Blocked(Blocked::TooLarge { bytes, limit }) => stuck(
+        Verdict::Blocked(Blocked::TooLarge {
+            bytes,
+            limit,
+            served,
+        }) => stuck(
             reason::DOCUMENT_TOO_LARGE,
             format!(
-                "the compiled policies of this namespace take {bytes} bytes, over the \
-                 {limit}-byte limit; ConfigMap {configmap} was left unchanged"
+                "the compiled policies of this namespace would take {bytes} bytes even \
+                 compressed, over the {limit}-byte limit of ConfigMap {configmap}; the \
+                 {served} older policies that fit are served, this one is left out"
             ),
         ),
         Verdict::Blocked(Blocked::ApplyFailed { message }) => Wanted {
@@ -141,17 +231,16 @@ pub fn desired(
     generation: i64,
     verdict: &Verdict,
     summary: Option<&ScheduleSummary>,
-    current: Option<&RetryPolicyStatus>,
+    current: Option<&StatusSeen>,
     now: &str,
     configmap: &str,
 ) -> RetryPolicyStatus {
     let w = wanted(verdict, configmap);
     let condition = |type_: &str, (status, reason, message): (&str, &str, String)| {
         let since = current
-            .and_then(|c| c.conditions.iter().find(|c| c.type_ == type_))
-            .filter(|c| c.status == status)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| now.to_owned());
+            .and_then(|c| c.since(type_, status))
+            .unwrap_or(now)
+            .to_owned();
         Condition {
             type_: type_.to_owned(),
             status: status.to_owned(),
@@ -188,7 +277,7 @@ pub fn desired(
 /// restarts emit nothing.
 pub fn event(
     verdict: &Verdict,
-    previous: Option<&RetryPolicyStatus>,
+    previous: Option<&StatusSeen>,
     desired: &RetryPolicyStatus,
 ) -> Option<EventNote> {
     let ready = |s: &RetryPolicyStatus| {
@@ -197,15 +286,17 @@ pub fn event(
             .find(|c| c.type_ == READY)
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     };
-    let changed = previous.is_none_or(|p| {
-        p.observed_generation != desired.observed_generation || ready(p) != ready(desired)
-    });
+    let seen = StatusSeen::of(desired);
+    let changed = previous
+        .is_none_or(|p| p.observed_generation != seen.observed_generation || p.ready != seen.ready);
     if !changed {
         // The same spec and verdict, but the budget is now shared by another number of
         // sidecars: a Pod came or went.
-        let budget = |s: &RetryPolicyStatus| s.summary.as_ref()?.retry_budget.clone();
-        let shared = budget(desired);
-        if let Some(shared) = shared.filter(|b| previous.and_then(budget).as_ref() != Some(b)) {
+        let shared = desired
+            .summary
+            .as_ref()
+            .and_then(|s| s.retry_budget.clone());
+        if let Some(shared) = shared.filter(|_| previous.and_then(|p| p.budget) != seen.budget) {
             return Some(EventNote {
                 warning: false,
                 reason: reason::SIDECARS_CHANGED,
@@ -284,9 +375,19 @@ mod tests {
     #[test]
     fn unchanged_status_is_equal_and_keeps_its_transition_time() {
         let first = desired(2, &serving(), None, None, "T1", "cm");
-        let again = desired(2, &serving(), None, Some(&first), "T2", "cm");
+        let again = desired(
+            2,
+            &serving(),
+            None,
+            Some(&StatusSeen::of(&first)),
+            "T2",
+            "cm",
+        );
         assert_eq!(first, again);
-        assert_eq!(event(&serving(), Some(&first), &again), None);
+        assert_eq!(
+            event(&serving(), Some(&StatusSeen::of(&first)), &again),
+            None
+        );
     }
 
     #[test]
@@ -296,7 +397,7 @@ mod tests {
             field: "spec.backoff.cap".to_owned(),
             message: "cap must be at least base".to_owned(),
         }]);
-        let second = desired(3, &invalid, None, Some(&first), "T2", "cm");
+        let second = desired(3, &invalid, None, Some(&StatusSeen::of(&first)), "T2", "cm");
         assert_eq!(ready(&second).status, "False");
         assert_eq!(ready(&second).last_transition_time, "T2");
         assert_eq!(ready(&second).reason, reason::INVALID_SPEC);
@@ -308,7 +409,7 @@ mod tests {
                 .map(|c| c.last_transition_time.clone())
         };
         assert_eq!(rec(&second), Some("T1".to_owned()));
-        let note = event(&invalid, Some(&first), &second).expect("event");
+        let note = event(&invalid, Some(&StatusSeen::of(&first)), &second).expect("event");
         assert!(note.warning);
         assert_eq!(note.reason, reason::INVALID_SPEC);
         assert!(second.summary.is_none());
@@ -332,8 +433,15 @@ mod tests {
     #[test]
     fn a_new_generation_emits_compiled_once() {
         let first = desired(1, &serving(), None, None, "T", "cm");
-        let second = desired(2, &serving(), None, Some(&first), "T", "cm");
-        let note = event(&serving(), Some(&first), &second).expect("event");
+        let second = desired(
+            2,
+            &serving(),
+            None,
+            Some(&StatusSeen::of(&first)),
+            "T",
+            "cm",
+        );
+        let note = event(&serving(), Some(&StatusSeen::of(&first)), &second).expect("event");
         assert_eq!(note.reason, reason::COMPILED);
         assert!(!note.warning);
     }
@@ -346,16 +454,40 @@ mod tests {
         };
         let three = budget("5/s, burst 1 (200ms slots) for 3 sidecars");
         let first = desired(1, &serving(), Some(&three), None, "T", "cm");
-        let again = desired(1, &serving(), Some(&three), Some(&first), "T", "cm");
-        assert_eq!(event(&serving(), Some(&first), &again), None);
+        let again = desired(
+            1,
+            &serving(),
+            Some(&three),
+            Some(&StatusSeen::of(&first)),
+            "T",
+            "cm",
+        );
+        assert_eq!(
+            event(&serving(), Some(&StatusSeen::of(&first)), &again),
+            None
+        );
         let two = budget("5/s, burst 1 (200ms slots) for 2 sidecars");
-        let fewer = desired(1, &serving(), Some(&two), Some(&first), "T", "cm");
-        let note = event(&serving(), Some(&first), &fewer).expect("event");
+        let fewer = desired(
+            1,
+            &serving(),
+            Some(&two),
+            Some(&StatusSeen::of(&first)),
+            "T",
+            "cm",
+        );
+        let note = event(&serving(), Some(&StatusSeen::of(&first)), &fewer).expect("event");
         assert_eq!(note.reason, reason::SIDECARS_CHANGED);
         assert!(!note.warning);
         // A new generation is announced as Compiled, whatever the count.
-        let next = desired(2, &serving(), Some(&three), Some(&fewer), "T", "cm");
-        let note = event(&serving(), Some(&fewer), &next).expect("event");
+        let next = desired(
+            2,
+            &serving(),
+            Some(&three),
+            Some(&StatusSeen::of(&fewer)),
+            "T",
+            "cm",
+        );
+        let note = event(&serving(), Some(&StatusSeen::of(&fewer)), &next).expect("event");
         assert_eq!(note.reason, reason::COMPILED);
     }
 

@@ -3,6 +3,7 @@
 //! next reconcile compares against it until the watch cache catches up.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -16,9 +17,9 @@ use crate::configmap::Plan;
 use crate::context::{Context, Memory};
 use crate::error::{Error, status_code};
 use crate::fleet;
-use crate::freshness::{Written, newest};
+use crate::freshness::{Written, compare, newest};
 use crate::objects::{ConfigMapView, PolicyView, policy_resource};
-use crate::status::{self, Verdict};
+use crate::status::{self, StatusSeen, Verdict};
 
 /// Status writes in flight at once within one namespace.
 const STATUS_WRITES_IN_FLIGHT: usize = 16;
@@ -37,7 +38,7 @@ pub(crate) async fn write_configmap(
         value: ConfigMapView::from_configmap(cm),
     };
     match plan {
-        Plan::UpToDate | Plan::NotOwned | Plan::TooLarge { .. } => Ok(()),
+        Plan::UpToDate | Plan::NotOwned => Ok(()),
         Plan::Create(cm) => {
             ctx.metrics.wrote("configmap");
             let params = PostParams {
@@ -53,6 +54,25 @@ pub(crate) async fn write_configmap(
                 Err(e) if status_code(&e) == Some(409) => Err(conflict()),
                 Err(e) => Err(Error::api(
                     format!("creating ConfigMap {namespace}/{name}"),
+                    e,
+                )),
+            }
+        }
+        Plan::Switch(patch) => {
+            ctx.metrics.wrote("configmap");
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            };
+            match api.patch(name, &params, &Patch::Merge(&patch)).await {
+                Ok(patched) => {
+                    info!(%namespace, configmap = name, "ConfigMap document changed form");
+                    memory.configmap = Some(record(&patched));
+                    Ok(())
+                }
+                Err(e) if matches!(status_code(&e), Some(409) | Some(404)) => Err(conflict()),
+                Err(e) => Err(Error::api(
+                    format!("switching ConfigMap {namespace}/{name}"),
                     e,
                 )),
             }
@@ -81,7 +101,7 @@ pub(crate) async fn write_configmap(
 pub(crate) async fn write_statuses(
     ctx: &Context,
     namespace: &str,
-    verdicts: Vec<(PolicyView, Verdict)>,
+    verdicts: Vec<(Arc<PolicyView>, Verdict)>,
     sidecars: u32,
     memory: &mut Memory,
 ) -> Result<(), Error> {
@@ -94,6 +114,13 @@ pub(crate) async fn write_statuses(
 
     let mut writes = Vec::new();
     for (view, verdict) in verdicts {
+        // Once the cache holds our write (or something newer), the cache has the word.
+        if let Some(w) = memory.statuses.get(&view.uid)
+            && compare(&view.resource_version, &w.resource_version)
+                .is_some_and(|o| o != std::cmp::Ordering::Less)
+        {
+            memory.statuses.remove(&view.uid);
+        }
         let current = newest(
             Some((view.resource_version.as_str(), view.status.as_ref())),
             memory.statuses.get(&view.uid),
@@ -112,20 +139,21 @@ pub(crate) async fn write_statuses(
             &now,
             cm_name,
         );
-        if current.as_ref() == Some(&desired) {
+        let seen = StatusSeen::of(&desired);
+        if current.as_ref() == Some(&seen) {
             continue;
         }
         let note = status::event(&verdict, current.as_ref(), &desired);
-        writes.push((view, desired, note));
+        writes.push((view, desired, seen, note));
     }
 
     let results: Vec<_> = futures::stream::iter(writes)
-        .map(|(view, desired, note)| {
+        .map(|(view, desired, seen, note)| {
             let api = api.clone();
             async move {
                 ctx.metrics.wrote("status");
                 let result = patch_status(&api, &view.name, &desired).await;
-                (view, desired, note, result)
+                (view, seen, note, result)
             }
         })
         .buffer_unordered(STATUS_WRITES_IN_FLIGHT)
@@ -133,7 +161,7 @@ pub(crate) async fn write_statuses(
         .await;
 
     let mut first_error = None;
-    for (view, desired, note, result) in results {
+    for (view, seen, note, result) in results {
         match result {
             Ok(resource_version) => {
                 if let Some(note) = note {
@@ -143,7 +171,7 @@ pub(crate) async fn write_statuses(
                     view.uid.clone(),
                     Written {
                         resource_version,
-                        value: desired,
+                        value: seen,
                     },
                 );
             }

@@ -1,6 +1,6 @@
 //! The operator against a real API server, driven with kubectl as users drive it: apply,
-//! update, delete, conflicts, a foreign ConfigMap, an oversize namespace, and silence at
-//! rest.
+//! update, delete, conflicts, a foreign ConfigMap, a namespace served compressed, one
+//! past even that, and silence at rest.
 
 mod common;
 
@@ -11,7 +11,9 @@ use anyhow::{Result, ensure};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use rebound_policy::RetryPolicy;
+use rebound_policy::compiled::{CONFIGMAP_KEY, MAX_DOCUMENT_BYTES};
+use rebound_policy::pattern::policy_order;
+use rebound_policy::{CompiledDocument, PolicySource, RetryPolicy, compile};
 use rebound_tests::TestEnv;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -262,34 +264,154 @@ fn big_policy(i: usize) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn oversize_document_is_not_written() -> Result<()> {
-    let env = TestEnv::new("op-oversize").await?;
+async fn large_document_is_served_compressed() -> Result<()> {
+    let env = TestEnv::new("op-large").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
     let mut op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &[]))?;
     env.kubectl_stdin(["apply", "-f", "-"], &policy("small", &["small"], 3))?
         .ok()?;
-    let good = converged(client, ns, WAIT).await?;
+    converged(client, ns, WAIT).await?;
 
-    // Applied while the operator is stopped, so it sees all of them at once (a running one
-    // would write the first few big ones while they still fit).
+    // Applied while the operator is stopped, so it sees all of them at once.
     ensure!(op.terminate(Duration::from_secs(10))?, "unclean exit");
     let big: String = (0..30).map(big_policy).collect();
     env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &big)?
         .ok()?;
     let _op = op.restart()?;
-    for name in ["small", "big-0", "big-29"] {
-        let p = wait_for_reason(client, ns, name, "DocumentTooLarge", WAIT).await?;
-        let status = p.status.unwrap_or_default();
-        let message = &ready_condition(&status.conditions).expect("Ready").message;
-        ensure!(message.contains("over the"), "{message}");
-    }
-    // The last good document stays for the sidecars.
-    let (doc, annotation) = configmap_document(client, ns).await?.expect("ConfigMap");
-    ensure!(doc == good && annotation == Some(good.hash.clone()));
+    // About 1 MiB of JSON: every policy served, from binaryData.
+    let doc = converged(client, ns, WAIT).await?;
+    ensure!(doc.policies.len() == 31);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = cms.get("rebound-policies").await?;
+    let (json, compressed) = stored_document(&cm)?;
+    ensure!(compressed && json.len() > MAX_DOCUMENT_BYTES);
+    ensure!(
+        cm.data
+            .as_ref()
+            .is_none_or(|d| !d.contains_key(CONFIGMAP_KEY))
+    );
 
+    // Back under the limit: plain again, the compressed key gone.
     let names: Vec<String> = (0..30).map(|i| format!("big-{i}")).collect();
     let mut args = vec!["delete".to_owned(), "retrypolicy".to_owned()];
     args.extend(names);
+    env.kubectl(args)?.ok()?;
+    let doc = converged(client, ns, WAIT).await?;
+    ensure!(doc.policies.len() == 1);
+    let cm = cms.get("rebound-policies").await?;
+    ensure!(!stored_document(&cm)?.1);
+    ensure!(
+        cm.binary_data
+            .as_ref()
+            .is_none_or(|d| !d.contains_key(CONFIGMAP_KEY))
+    );
+    Ok(())
+}
+
+/// A policy whose queues and error classes are pseudo-random text (fixed seed), which
+/// gzip cannot shrink much: about 30 KiB of JSON, 19 KiB compressed.
+fn noisy_policy(i: usize) -> String {
+    let mut x = i as u64;
+    let mut noise = |kind: &str, j: usize| {
+        let text: String = (0..230)
+            .map(|_| {
+                x = rebound_policy::decide::mix64(x);
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect();
+        format!("{kind}-{i}-{j}-{text}")
+    };
+    let queues: Vec<String> = (0..64).map(|j| format!("{:?}", noise("q", j))).collect();
+    let errors: Vec<String> = (0..64).map(|j| format!("{:?}", noise("e", j))).collect();
+    format!(
+        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata:\n  name: noisy-{i:02}\nspec:\n  \
+         queues: [{}]\n  nonRetryableErrors: [{}]\n---\n",
+        queues.join(", "),
+        errors.join(", ")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_that_does_not_fit_reports_only_itself() -> Result<()> {
+    let env = TestEnv::new("op-oversize").await?;
+    let (client, ns) = (&env.client, env.namespace.as_str());
+    let mut op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &[]))?;
+    env.kubectl_stdin(["apply", "-f", "-"], &policy("small", &["small"], 3))?
+        .ok()?;
+    converged(client, ns, WAIT).await?;
+
+    // 70 policies of ~19 KiB compressed each: about 1.3 MiB even compressed.
+    ensure!(op.terminate(Duration::from_secs(10))?, "unclean exit");
+    let noisy: String = (0..70).map(noisy_policy).collect();
+    env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &noisy)?
+        .ok()?;
+    let _op = op.restart()?;
+    wait_for_reason(client, ns, "noisy-69", "DocumentTooLarge", WAIT).await?;
+
+    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+    let (served, left_out) = eventually("every policy to settle", WAIT, || async {
+        let mut served = Vec::new();
+        let mut left_out = Vec::new();
+        for p in api.list(&Default::default()).await?.items {
+            let status = p.status.clone().unwrap_or_default();
+            let Some(ready) = ready_condition(&status.conditions) else {
+                return Ok(None);
+            };
+            if ready.observed_generation != p.metadata.generation {
+                return Ok(None);
+            }
+            match (ready.status.as_str(), ready.reason.as_str()) {
+                ("True", "Compiled") => served.push(p),
+                ("False", "DocumentTooLarge") => left_out.push(p),
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some((served, left_out)))
+    })
+    .await?;
+    ensure!(
+        !left_out.is_empty() && served.len() > 1,
+        "{} served",
+        served.len()
+    );
+    // The older ones are served: every policy left out comes after every one served.
+    let order = |p: &RetryPolicy| {
+        let created = p
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second());
+        (created, p.metadata.name.clone().unwrap_or_default())
+    };
+    let last_served = served.iter().map(order).max().expect("served");
+    let first_left = left_out.iter().map(order).min().expect("left out");
+    ensure!(
+        policy_order(
+            (first_left.0, &first_left.1),
+            (last_served.0, &last_served.1)
+        ) == std::cmp::Ordering::Greater
+    );
+    ensure!(
+        served
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("small"))
+    );
+    // The ConfigMap holds exactly the compilation of the served ones, compressed.
+    let sources = served
+        .iter()
+        .map(|p| PolicySource::from_object(p, ns))
+        .collect();
+    let expected = compile(ns, sources).document;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = cms.get("rebound-policies").await?;
+    let (json, compressed) = stored_document(&cm)?;
+    ensure!(compressed);
+    ensure!(CompiledDocument::from_json(&json)? == expected);
+    let stored = cm.binary_data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY));
+    ensure!(stored.is_some_and(|gz| gz.0.len() <= MAX_DOCUMENT_BYTES));
+
+    let mut args = vec!["delete".to_owned(), "retrypolicy".to_owned()];
+    args.extend((0..70).map(|i| format!("noisy-{i:02}")));
     env.kubectl(args)?.ok()?;
     let doc = converged(client, ns, WAIT).await?;
     ensure!(doc.policies.len() == 1);

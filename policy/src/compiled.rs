@@ -22,6 +22,11 @@ pub const CONFIGMAP_KEY: &str = "policies.json";
 /// Largest document the operator writes: a ConfigMap holds at most 1 MiB in total, and
 /// the margin leaves room for metadata and managed fields.
 pub const MAX_DOCUMENT_BYTES: usize = 900 * 1024;
+/// Largest document JSON a reader inflates from the compressed form: the operator stores a
+/// document over [`MAX_DOCUMENT_BYTES`] gzip'd in `binaryData` under [`CONFIGMAP_KEY`]
+/// (the compressed bytes at most `MAX_DOCUMENT_BYTES`), as long as its JSON stays within
+/// this; the sidecar refuses to inflate past it.
+pub const MAX_INFLATED_DOCUMENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// One namespace's compiled policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

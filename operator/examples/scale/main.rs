@@ -6,6 +6,7 @@
 //!
 //!   cargo build --release -p rebound-operator --bins --examples
 //!   target/release/examples/scale [--policies 1000] [--namespaces 10] [--updates 100] [--rest-secs 60]
+//!       [--operator BIN]
 //!
 //! Starts a control plane of its own (dev/cluster-up.sh) so nothing else pollutes the
 //! API server's request counters, and stops it at the end.
@@ -32,6 +33,7 @@ struct Args {
     namespaces: usize,
     updates: usize,
     rest_secs: u64,
+    operator: Option<std::path::PathBuf>,
 }
 
 fn args() -> Result<Args> {
@@ -40,6 +42,7 @@ fn args() -> Result<Args> {
         namespaces: 10,
         updates: 100,
         rest_secs: 60,
+        operator: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -51,6 +54,7 @@ fn args() -> Result<Args> {
             "--namespaces" => a.namespaces = value.parse()?,
             "--updates" => a.updates = value.parse()?,
             "--rest-secs" => a.rest_secs = value.parse()?,
+            "--operator" => a.operator = Some(value.into()),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -60,14 +64,17 @@ fn args() -> Result<Args> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = args()?;
-    let operator_bin = std::env::current_exe()?
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("rebound-operator"))
-        .filter(|p| p.is_file())
-        .context(
-            "build the operator first: cargo build --release -p rebound-operator --bins --examples",
-        )?;
+    let operator_bin = match args.operator.clone() {
+        Some(bin) => bin,
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(|d| d.parent())
+            .map(|d| d.join("rebound-operator"))
+            .filter(|p| p.is_file())
+            .context(
+                "build the operator first: cargo build --release -p rebound-operator --bins --examples",
+            )?,
+    };
     let dir = std::env::temp_dir().join(format!("rebound-scale-{}", std::process::id()));
     let cluster = tokio::task::spawn_blocking(move || DedicatedCluster::start(&dir)).await??;
     let client = cluster.client().await?;
@@ -113,7 +120,9 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let (peak_converged, _) = rss_kib(operator.pid())?;
     let hashes = final_hashes(&client, &namespaces).await?;
+    let weights = weigh(&client).await?;
 
     // 2. Update latency, one policy at a time.
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, Instant, HashMap<String, i64>)>();
@@ -127,10 +136,7 @@ async fn main() -> Result<()> {
         futures::pin_mut!(stream);
         while let Some(Ok(cm)) = stream.next().await {
             let seen = Instant::now();
-            let Some(doc) = cm.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)) else {
-                continue;
-            };
-            let Ok(doc) = CompiledDocument::from_json(doc.as_bytes()) else {
+            let Some(doc) = document(&cm) else {
                 continue;
             };
             let generations = doc
@@ -186,6 +192,23 @@ async fn main() -> Result<()> {
     let cpu = cpu_seconds(operator.pid())?;
     operator.stop();
 
+    // 4. A fresh operator with every policy in place: until each namespace has been
+    // reconciled once (every status confirmed), and the writes that took.
+    let restart_log = log.with_extension("restart.log");
+    let restarted = Instant::now();
+    let mut fresh = Operator::start(&operator_bin, cluster.kubeconfig(), metrics, &restart_log)?;
+    wait_until(
+        "the restarted operator to confirm every namespace",
+        Duration::from_secs(600),
+        || Ok(scrape(metrics, "rebound_operator_reconciles_total")? >= args.namespaces as f64),
+    )
+    .await?;
+    let restart = restarted.elapsed();
+    let restart_writes = scrape(metrics, "rebound_operator_api_writes_total")?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (restart_peak, _) = rss_kib(fresh.pid())?;
+    fresh.stop();
+
     let minutes = args.rest_secs as f64 / 60.0;
     let quantile = |q: f64| {
         let i = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1;
@@ -225,10 +248,23 @@ async fn main() -> Result<()> {
             (after - before) / minutes
         );
     }
+    println!(
+        "operator peak RSS when converged: {:.1} MiB",
+        peak_converged as f64 / 1024.0
+    );
+    println!(
+        "restart with every policy in place: all namespaces reconciled after {:.2}s, {:.0} writes, peak RSS {:.1} MiB",
+        restart.as_secs_f64(),
+        restart_writes.abs(),
+        restart_peak as f64 / 1024.0
+    );
+    println!("{weights}");
     println!("reconciles so far: {reconciles}; operator CPU time: {cpu:.2}s");
-    for (ns, hash) in hashes {
-        println!("final hash {ns}: {hash}");
-    }
+    let unconverged = hashes.iter().filter(|(_, h)| h.is_empty()).count();
+    println!(
+        "final hashes: {} namespaces, {unconverged} without a document",
+        hashes.len()
+    );
     Ok(())
 }
 
@@ -298,8 +334,7 @@ async fn hashes(
     let actual = cms
         .get_opt("rebound-policies")
         .await?
-        .and_then(|cm| cm.data?.get(CONFIGMAP_KEY).cloned())
-        .and_then(|json| CompiledDocument::from_json(json.as_bytes()).ok())
+        .and_then(|cm| document(&cm))
         .map(|d| d.hash);
     Ok((actual, expected))
 }
@@ -316,4 +351,65 @@ async fn final_hashes(
         out.push((ns.clone(), actual.unwrap_or_default()));
     }
     Ok(out)
+}
+
+/// The compiled document of a ConfigMap, plain (`data`) or gzip'd (`binaryData`).
+fn document(cm: &ConfigMap) -> Option<CompiledDocument> {
+    if let Some(json) = cm.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)) {
+        return CompiledDocument::from_json(json.as_bytes()).ok();
+    }
+    let gz = cm.binary_data.as_ref()?.get(CONFIGMAP_KEY)?;
+    let mut json = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz.0[..]), &mut json).ok()?;
+    CompiledDocument::from_json(&json).ok()
+}
+
+/// Where the bytes of the watched objects go, as the API server sends them: the JSON of
+/// every RetryPolicy split into managedFields, other metadata, spec and status, and the
+/// ConfigMaps' documents.
+async fn weigh(client: &kube::Client) -> Result<String> {
+    let all: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<RetryPolicy>(&()),
+    );
+    let list = all.list(&ListParams::default()).await?;
+    let size = |v: &serde_json::Value| serde_json::to_vec(v).map_or(0, |b| b.len());
+    let (mut managed, mut meta, mut spec, mut status) = (0, 0, 0, 0);
+    for p in &list.items {
+        let mut m = p.metadata.clone();
+        managed += m
+            .managed_fields
+            .take()
+            .map_or(0, |f| serde_json::to_vec(&f).map_or(0, |b| b.len()));
+        meta += serde_json::to_vec(&m).map_or(0, |b| b.len());
+        spec += p.data.get("spec").map_or(0, size);
+        status += p.data.get("status").map_or(0, size);
+    }
+    let cms: Api<ConfigMap> = Api::all(client.clone());
+    let docs: usize = cms
+        .list(&ListParams::default().fields("metadata.name=rebound-policies"))
+        .await?
+        .items
+        .iter()
+        .map(|cm| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get(CONFIGMAP_KEY))
+                .map_or(0, String::len)
+                + cm.binary_data
+                    .as_ref()
+                    .and_then(|d| d.get(CONFIGMAP_KEY))
+                    .map_or(0, |b| b.0.len())
+        })
+        .sum();
+    let n = list.items.len().max(1);
+    let kib = |b: usize| b as f64 / 1024.0;
+    Ok(format!(
+        "JSON per RetryPolicy: managedFields {:.0} B, other metadata {:.0} B, spec {:.0} B, status {:.0} B; ConfigMap documents {:.0} KiB in all",
+        managed as f64 / n as f64,
+        meta as f64 / n as f64,
+        spec as f64 / n as f64,
+        status as f64 / n as f64,
+        kib(docs)
+    ))
 }

@@ -216,12 +216,7 @@ pub async fn configmap_document(
     let Some(cm) = api.get_opt(CM).await? else {
         return Ok(None);
     };
-    let json = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(CONFIGMAP_KEY))
-        .ok_or_else(|| anyhow!("ConfigMap {ns}/{CM} has no {CONFIGMAP_KEY}"))?;
-    let doc = CompiledDocument::from_json(json.as_bytes())?;
+    let doc = CompiledDocument::from_json(&stored_document(&cm)?.0)?;
     let annotation = cm
         .metadata
         .annotations
@@ -229,6 +224,22 @@ pub async fn configmap_document(
         .and_then(|a| a.get("rebound.dev/hash"))
         .cloned();
     Ok(Some((doc, annotation)))
+}
+
+/// The document's JSON in a ConfigMap and whether it was stored compressed: `data` holds it
+/// as text, or `binaryData` gzip'd (a namespace whose document passes 900 KiB).
+pub fn stored_document(cm: &ConfigMap) -> Result<(Vec<u8>, bool)> {
+    if let Some(json) = cm.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY)) {
+        return Ok((json.clone().into_bytes(), false));
+    }
+    let gz = cm
+        .binary_data
+        .as_ref()
+        .and_then(|d| d.get(CONFIGMAP_KEY))
+        .ok_or_else(|| anyhow!("ConfigMap {CM} has no {CONFIGMAP_KEY}"))?;
+    let mut json = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz.0[..]), &mut json)?;
+    Ok((json, true))
 }
 
 /// Waits until the ConfigMap holds exactly the expected document and every policy says

@@ -358,7 +358,8 @@ impl Loader {
         match &self.kind {
             FileKind::Compiled { .. } => {
                 let bytes = inputs.first().map_or(&[][..], |(_, b)| b.as_slice());
-                store::parse_compiled(bytes, &self.origin)
+                let json = super::inflate(bytes, &self.origin)?;
+                store::parse_compiled(&json, &self.origin)
             }
             FileKind::Manifests { namespace, .. } => {
                 let texts = inputs

@@ -163,7 +163,8 @@ impl ConfigMapSource {
                     let bytes = bytes.to_vec();
                     let (store2, origin2) = (Arc::clone(&store), origin.clone());
                     let parsed = tokio::task::spawn_blocking(move || {
-                        let result = store::parse_compiled(&bytes, &origin2)
+                        let result = super::inflate(&bytes, &origin2)
+                            .and_then(|json| store::parse_compiled(&json, &origin2))
                             .map(|doc| store2.install(&doc, &origin2, started));
                         drop(bytes);
                         store::release_freed_memory();

@@ -18,7 +18,7 @@ use crate::freshness::Written;
 use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView};
 use crate::status::StatusSeen;
-use crate::{Config, backoff::Requeue};
+use crate::{Flags, backoff::Requeue};
 
 /// The watch caches a reconcile reads from (one per watched scope).
 #[derive(Clone, Default)]
@@ -73,7 +73,7 @@ pub struct Memory {
 /// Everything a reconcile needs; shared by all of them.
 pub struct Context {
     pub client: kube::Client,
-    pub config: Arc<Config>,
+    pub flags: Arc<Flags>,
     pub stores: Stores,
     pub memory: Mutex<HashMap<String, Memory>>,
     pub requeue: Requeue,

@@ -23,7 +23,7 @@ use kube::runtime::reflector::{ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
-use crate::Config;
+use crate::Flags;
 use crate::backoff::{Requeue, WatchBackoff};
 use crate::cache::Cache;
 use crate::context::{Context, Stores};
@@ -73,19 +73,19 @@ enum Incoming {
 /// Runs the controller until `stop` completes, then lets running reconciles finish.
 pub async fn run(
     client: kube::Client,
-    config: Arc<Config>,
+    flags: Arc<Flags>,
     metrics: Arc<Metrics>,
     events: Events,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    let scopes: Vec<Option<String>> = match config.scope() {
+    let scopes: Vec<Option<String>> = match flags.scope() {
         None => vec![None],
         Some(list) => list.into_iter().map(Some).collect(),
     };
     let mut stores = Stores::default();
     let mut streams: Vec<BoxStream<'static, Incoming>> = Vec::new();
     let resource = policy_resource();
-    let cm_selector = format!("metadata.name={}", config.configmap_name);
+    let cm_selector = format!("metadata.name={}", flags.configmap_name);
     for (stream, scope) in scopes.iter().enumerate() {
         let policies: Api<DynamicObject> = match scope {
             None => Api::all_with(client.clone(), &resource),
@@ -186,7 +186,7 @@ pub async fn run(
         ready: false,
         keys: HashSet::new(),
         metrics: metrics.clone(),
-        membership: Membership::new(&config.configmap_name),
+        membership: Membership::new(&flags.configmap_name),
     };
     let queue = futures::stream::select_all(streams)
         .flat_map(move |incoming| {
@@ -197,14 +197,14 @@ pub async fn run(
 
     let ctx = Arc::new(Context {
         client,
-        config: config.clone(),
+        flags: flags.clone(),
         stores,
         memory: Mutex::default(),
         requeue: Requeue::default(),
         metrics,
         events,
     });
-    let settings = controller::Config::default().concurrency(config.concurrency);
+    let settings = controller::Config::default().concurrency(flags.concurrency);
     applier(
         |key, ctx| Box::pin(reconcile(key, ctx)),
         error_policy,

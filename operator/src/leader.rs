@@ -11,7 +11,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::Config;
+use crate::Flags;
 use crate::metrics::Metrics;
 
 /// Starts the controller for one leadership term; the future ends after `stop` fires.
@@ -25,7 +25,7 @@ pub struct ElectionError(String);
 /// Runs `lead` whenever this replica holds the Lease, until `shutdown` turns true.
 pub async fn run(
     client: kube::Client,
-    config: Arc<Config>,
+    flags: Arc<Flags>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
     lead: Lead,
@@ -39,28 +39,28 @@ pub async fn run(
             })
         }
     };
-    if !config.leader_elect {
+    if !flags.leader_elect {
         metrics.set_leader(true);
         lead(stop()).await;
         return Ok(());
     }
 
-    let identity = config.identity();
-    let namespace = config.lease_namespace();
+    let identity = flags.identity();
+    let namespace = flags.lease_namespace();
     let mut delay = Duration::from_millis(500);
     let manager = loop {
-        let built = LeaseManagerBuilder::new(client.clone(), config.lease_name.clone())
+        let built = LeaseManagerBuilder::new(client.clone(), flags.lease_name.clone())
             .with_namespace(namespace.clone())
             .with_identity(identity.clone())
-            .with_duration(config.lease_duration)
-            .with_grace(config.lease_grace)
+            .with_duration(flags.lease_duration)
+            .with_grace(flags.lease_grace)
             .with_field_manager(format!("{}-{identity}", crate::FIELD_MANAGER))
             .build()
             .await;
         match built {
             Ok(m) => break m,
             Err(e) => {
-                warn!(error = %e, lease = %config.lease_name, %namespace, "cannot set up the Lease; retrying");
+                warn!(error = %e, lease = %flags.lease_name, %namespace, "cannot set up the Lease; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.wait_for(|s| *s) => return Ok(()),
@@ -69,7 +69,7 @@ pub async fn run(
             }
         }
     };
-    info!(%identity, lease = %config.lease_name, %namespace, "campaigning for leadership");
+    info!(%identity, lease = %flags.lease_name, %namespace, "campaigning for leadership");
     let (mut leading, task) = manager.watch().await;
 
     let result = loop {

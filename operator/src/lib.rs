@@ -8,12 +8,12 @@
 
 pub mod backoff;
 pub mod cache;
-pub mod config;
 pub mod configmap;
 pub mod context;
 pub mod controller;
 pub mod error;
 pub mod events;
+pub mod flags;
 pub mod fleet;
 pub mod freshness;
 pub mod http;
@@ -26,8 +26,8 @@ pub mod summary;
 pub mod triggers;
 pub mod writes;
 
-pub use config::Config;
 pub use error::Error;
+pub use flags::Flags;
 
 /// Field manager of every write the operator makes (server-side apply and creates).
 pub const FIELD_MANAGER: &str = "rebound-operator";

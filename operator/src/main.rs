@@ -5,7 +5,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, anyhow};
 use clap::Parser;
 use futures::FutureExt;
-use rebound_operator::{Config, controller, events::Events, http, leader, metrics::Metrics};
+use rebound_operator::{Flags, controller, events::Events, http, leader, metrics::Metrics};
 use rebound_runtime::{LogFormat, Logging, StopSignal, StopSignals};
 use tokio::sync::watch;
 use tracing::info;
@@ -20,19 +20,19 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let config = Arc::new(Config::parse());
-    config.check().map_err(|e| anyhow!(e))?;
-    init_tracing(config.log_format);
+    let flags = Arc::new(Flags::parse());
+    flags.check().map_err(|e| anyhow!(e))?;
+    init_tracing(flags.log_format);
 
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
     let metrics = Arc::new(Metrics::new());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let server = http::serve(config.metrics_addr, metrics.clone(), stop_rx.clone())
+    let server = http::serve(flags.metrics_addr, metrics.clone(), stop_rx.clone())
         .await
-        .with_context(|| format!("listening on {}", config.metrics_addr))?;
-    info!(metrics = %config.metrics_addr, namespaces = ?config.scope(), configmap = %config.configmap_name, "starting");
+        .with_context(|| format!("listening on {}", flags.metrics_addr))?;
+    info!(metrics = %flags.metrics_addr, namespaces = ?flags.scope(), configmap = %flags.configmap_name, "starting");
 
     let mut signals = StopSignals::install()?;
     tokio::spawn(async move {
@@ -45,13 +45,13 @@ async fn run() -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
 
-    let events = Events::start(client.clone(), config.identity(), metrics.clone());
+    let events = Events::start(client.clone(), flags.identity(), metrics.clone());
     let lead: leader::Lead = {
-        let (client, config, metrics) = (client.clone(), config.clone(), metrics.clone());
+        let (client, flags, metrics) = (client.clone(), flags.clone(), metrics.clone());
         Box::new(move |stop| {
             controller::run(
                 client.clone(),
-                config.clone(),
+                flags.clone(),
                 metrics.clone(),
                 events.clone(),
                 stop,
@@ -59,7 +59,7 @@ async fn run() -> anyhow::Result<()> {
             .boxed()
         })
     };
-    leader::run(client, config, metrics, stop_rx, lead).await?;
+    leader::run(client, flags, metrics, stop_rx, lead).await?;
     server.abort();
     info!("stopped");
     Ok(())

@@ -38,7 +38,7 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
         .reconciled(result.is_ok(), started.elapsed().as_secs_f64());
     result?;
     ctx.requeue.succeeded(&namespace);
-    Ok(Action::requeue(ctx.config.resync))
+    Ok(Action::requeue(ctx.flags.resync))
 }
 
 /// The controller's error policy: requeue with backoff from the policy crate.
@@ -54,7 +54,7 @@ async fn reconcile_namespace(
     ctx: &Context,
     memory: &mut Memory,
 ) -> Result<(), Error> {
-    let cm_name = ctx.config.configmap_name.as_str();
+    let cm_name = ctx.flags.configmap_name.as_str();
     let views: Vec<Arc<PolicyView>> = ctx
         .stores
         .policies_in(namespace)

@@ -106,7 +106,7 @@ pub(crate) async fn write_statuses(
     memory: &mut Memory,
 ) -> Result<(), Error> {
     let now = status::now_rfc3339();
-    let cm_name = ctx.config.configmap_name.as_str();
+    let cm_name = ctx.flags.configmap_name.as_str();
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &policy_resource());
     let present: HashSet<String> = verdicts.iter().map(|(v, _)| v.uid.clone()).collect();

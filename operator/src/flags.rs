@@ -8,7 +8,7 @@ use clap::Parser;
 /// The rebound-operator's settings.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "rebound-operator", version, about)]
-pub struct Config {
+pub struct Flags {
     /// Namespaces to watch, comma separated; empty means all namespaces. A name given twice
     /// counts once.
     #[arg(long, env = "REBOUND_NAMESPACES", value_delimiter = ',', num_args = 0.., value_parser = parse_namespace)]
@@ -66,7 +66,7 @@ pub struct Config {
 
 pub use rebound_runtime::LogFormat;
 
-impl Config {
+impl Flags {
     /// Checks what clap cannot: the lease timings.
     pub fn check(&self) -> Result<(), String> {
         if self.lease_grace == 0 || self.lease_grace >= self.lease_duration {
@@ -146,21 +146,21 @@ mod tests {
 
     #[test]
     fn defaults_and_scope() {
-        let c = Config::parse_from(["rebound-operator"]);
+        let c = Flags::parse_from(["rebound-operator"]);
         assert_eq!(c.configmap_name, "rebound-policies");
         assert_eq!(c.scope(), None);
         assert_eq!(c.resync, Duration::from_secs(300));
         assert!(c.check().is_ok());
-        let c = Config::parse_from(["x", "--namespaces", "a,b", "--resync=30s"]);
+        let c = Flags::parse_from(["x", "--namespaces", "a,b", "--resync=30s"]);
         assert_eq!(c.scope(), Some(vec!["a".to_owned(), "b".to_owned()]));
         assert_eq!(c.resync, Duration::from_secs(30));
     }
 
     #[test]
     fn namespaces_are_trimmed_and_counted_once() {
-        let c = Config::parse_from(["x", "--namespaces", "b,a, b,,a"]);
+        let c = Flags::parse_from(["x", "--namespaces", "b,a, b,,a"]);
         assert_eq!(c.scope(), Some(vec!["b".to_owned(), "a".to_owned()]));
-        assert_eq!(Config::parse_from(["x", "--namespaces", ""]).scope(), None);
+        assert_eq!(Flags::parse_from(["x", "--namespaces", ""]).scope(), None);
     }
 
     #[test]
@@ -170,7 +170,7 @@ mod tests {
             ["x", "--namespaces=a,Bad_Name"],
             ["x", "--namespaces=-a"],
         ] {
-            let e = Config::try_parse_from(args).expect_err("must be refused");
+            let e = Flags::try_parse_from(args).expect_err("must be refused");
             // Both are usage errors (exit code 2) that name the flag.
             assert!(
                 matches!(
@@ -182,13 +182,13 @@ mod tests {
             );
             assert_eq!(e.exit_code(), 2);
         }
-        let c = Config::parse_from(["x", "--log-format=text"]);
+        let c = Flags::parse_from(["x", "--log-format=text"]);
         assert_eq!(c.log_format, LogFormat::Text);
     }
 
     #[test]
     fn lease_timings_are_checked() {
-        let c = Config::parse_from(["x", "--lease-duration=5", "--lease-grace=5"]);
+        let c = Flags::parse_from(["x", "--lease-duration=5", "--lease-grace=5"]);
         assert!(c.check().is_err());
     }
 }

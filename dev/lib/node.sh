@@ -291,6 +291,12 @@ node_cgroup_hierarchies() {
   awk '{ for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) == "cgroup") print $5; break } }' /proc/self/mountinfo
 }
 
+# The mount points of the cgroup v2 hierarchy (on a hybrid host, /sys/fs/cgroup/unified):
+# the kubelet creates the node's cgroups there too, though it runs on v1.
+node_cgroup2_mounts() {
+  awk '{ for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) == "cgroup2") print $5; break } }' /proc/self/mountinfo
+}
+
 node_ready() {
   [[ "$(node_kubectl "$1" get node "$node_name" \
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
@@ -345,7 +351,7 @@ node_down() {
   node_remove_rules "$state"
   cp_stop_pid "$node/kube-scheduler.pid" kube-scheduler
   cp_stop_pid "$node/kube-controller-manager.pid" kube-controller-manager
-  for controller in $(node_cgroup_hierarchies); do
+  for controller in $(node_cgroup_hierarchies) $(node_cgroup2_mounts); do
     [[ -d "$controller/$node_cgroup" ]] || continue
     find "$controller/$node_cgroup" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done

@@ -116,7 +116,8 @@ pub struct RetryPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<Terminal>,
 
-    /// Bounds how fast one sidecar schedules this policy's retries: at most `burst` per
+    /// Bounds how fast the sidecars serving this policy in its namespace schedule its
+    /// retries, together (each books only its share of the slots): at most `burst` per
     /// slot of `1000 × burst / ratePerSecond` ms, counted at the time each retry is
     /// scheduled to run. A retry over budget is not dropped: its delay is stretched to the
     /// next slot with room. Default: no budget.
@@ -132,7 +133,8 @@ pub struct RetryPolicySpec {
     validation = crate::spec::rules::BUDGET_SLOT_AT_MOST_60S.to_rule()
 )]
 pub struct RetryBudgetSpec {
-    /// Retries per second this policy's queues may schedule from one sidecar, 1 to 100000.
+    /// Retries per second this policy's queues may schedule, from all its sidecars
+    /// together, 1 to 100000.
     #[schemars(range(min = 1, max = crate::limits::MAX_RATE_PER_SECOND), with = "i32")]
     pub rate_per_second: u32,
     /// Retries one slot admits, 1 to 100000; a slot lasts `1000 × burst / ratePerSecond`
@@ -315,8 +317,8 @@ pub struct ScheduleSummary {
     /// The same, comma-separated, for the `kubectl get` column.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub queues: String,
-    /// The retry budget one sidecar enforces, e.g. `10/s, burst 1 (100ms slots)`; absent
-    /// without one.
+    /// The retry budget as the fleet sees it, e.g. `10/s, burst 1 (100ms slots) for 3
+    /// sidecars`; absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<String>,
 }

@@ -479,8 +479,10 @@ async fn a_retry_budget_holds_across_six_sidecars_and_membership_changes() -> Re
     let kill = schedule(&storm.answers());
     eprintln!("SIGKILL of 1 of 6: settled in {settle_kill:?}; {kill}");
     assert_eq!(members, [0, 1, 2, 3, 4]);
+    // The documented settle time is lease + tick; the slack covers the polling here and a
+    // loaded machine, and still fails a survivor that waits for a second lease duration.
     assert!(
-        settle_kill <= lease + TICK + Duration::from_secs(1),
+        settle_kill <= lease + TICK + Duration::from_millis(2_500),
         "settle {settle_kill:?}"
     );
     assert!(kill.max_slot <= 2 * BURST, "{kill}");

@@ -16,7 +16,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -28,6 +28,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use rebound_sidecar::pb::v1::{
     DecideRequest, Decision, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
+use rebound_test_support::free_port;
 use rebound_tests::{TestEnv, repo_root};
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -80,10 +81,6 @@ impl Drop for Sidecar {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 fn policies(rate: u32, burst: u32) -> String {

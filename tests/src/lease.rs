@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
@@ -13,7 +13,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::Cluster;
+use serde_json::json;
+
+use crate::{Cluster, TestEnv, repo_root, yaml_documents};
 
 /// Name prefix of a sidecar's Lease: `rebound-sidecar-<pod name>`.
 pub const PREFIX: &str = "rebound-sidecar-";
@@ -128,4 +130,28 @@ pub async fn client_with_token(cluster: &Cluster, token: &str) -> Result<kube::C
         .await
         .context("loading the token kubeconfig")?;
     kube::Client::try_from(config).context("creating a kube client")
+}
+
+/// What a worker namespace of an install has for its sidecars: deploy/rbac.yaml and
+/// deploy/admission.yaml (cluster-wide, as an install applies them), then the worker's
+/// ServiceAccount, Role and RoleBinding from examples/worker/worker-watch.yaml.
+pub fn apply_sidecar_rbac(env: &TestEnv) -> Result<()> {
+    for file in ["deploy/rbac.yaml", "deploy/admission.yaml"] {
+        let path = repo_root().join(file);
+        env.cluster
+            .kubectl(["apply", "--server-side", "-f", &path.to_string_lossy()])?
+            .ok()?;
+    }
+    let items: Vec<_> = yaml_documents(&repo_root().join("examples/worker/worker-watch.yaml"))?
+        .into_iter()
+        .filter(|d| d["kind"] != "Deployment")
+        .collect();
+    ensure!(
+        items.len() == 3,
+        "expected ServiceAccount, Role, RoleBinding"
+    );
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &list.to_string())?
+        .ok()?;
+    Ok(())
 }

@@ -12,7 +12,7 @@
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{
@@ -30,8 +30,9 @@ use rebound_sidecar::pb::v1::{
     BudgetScope, DecideRequest, Decision, GetPolicyRequest,
     retry_advisor_client::RetryAdvisorClient,
 };
-use rebound_tests::lease::{create_pod, token};
-use rebound_tests::{TestEnv, repo_root, unique_name, yaml_documents};
+use rebound_test_support::{free_port, workspace_binary};
+use rebound_tests::lease::{apply_sidecar_rbac, create_pod, token};
+use rebound_tests::{TestEnv, unique_name};
 use serde_json::json;
 use tonic::transport::Channel;
 
@@ -68,44 +69,6 @@ impl Drop for Sidecar {
 struct Answer {
     sidecar: usize,
     retry_at_ms: u64,
-}
-
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("test executable has no target dir")?;
-    let path = dir.join(name);
-    ensure!(
-        path.exists(),
-        "{} is missing: run `cargo build -p rebound-sidecar` first",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// deploy/rbac.yaml and deploy/admission.yaml, then the worker's ServiceAccount, Role and
-/// RoleBinding from examples/worker/worker-watch.yaml (as lease_rbac.rs does).
-fn apply_rbac(env: &TestEnv) -> Result<()> {
-    for file in ["deploy/rbac.yaml", "deploy/admission.yaml"] {
-        let path = repo_root().join(file);
-        env.cluster
-            .kubectl(["apply", "--server-side", "-f", &path.to_string_lossy()])?
-            .ok()?;
-    }
-    let items: Vec<_> = yaml_documents(&repo_root().join("examples/worker/worker-watch.yaml"))?
-        .into_iter()
-        .filter(|d| d["kind"] != "Deployment")
-        .collect();
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
-    env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &list.to_string())?
-        .ok()?;
-    Ok(())
 }
 
 /// One budgeted policy per phase: a constant 1 s delay, 100/s, burst 10.
@@ -412,7 +375,7 @@ fn metric(admin: SocketAddr, name: &str) -> Result<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_budget_holds_across_six_sidecars_and_membership_changes() -> Result<()> {
     let env = TestEnv::new("fleet-budget").await?;
-    apply_rbac(&env)?;
+    apply_sidecar_rbac(&env)?;
     create_configmap(&env).await?;
     let lease = Duration::from_secs(LEASE_S);
 

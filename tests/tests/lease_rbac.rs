@@ -11,36 +11,15 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use rebound_tests::lease::{PREFIX, client_with_token, create_pod, sidecar_lease, token};
-use rebound_tests::{TestEnv, repo_root, unique_name, yaml_documents};
+use rebound_tests::lease::{
+    PREFIX, apply_sidecar_rbac, client_with_token, create_pod, sidecar_lease, token,
+};
+use rebound_tests::{TestEnv, unique_name};
 use serde_json::json;
 
 const SA: &str = "rebound-worker";
 const CM: &str = "rebound-policies";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// deploy/rbac.yaml and deploy/admission.yaml (cluster-wide, as an install applies them),
-/// then the worker's ServiceAccount, Role and RoleBinding from the example.
-fn apply_rbac(env: &TestEnv) -> Result<()> {
-    for file in ["deploy/rbac.yaml", "deploy/admission.yaml"] {
-        let path = repo_root().join(file);
-        env.cluster
-            .kubectl(["apply", "--server-side", "-f", &path.to_string_lossy()])?
-            .ok()?;
-    }
-    let items: Vec<_> = yaml_documents(&repo_root().join("examples/worker/worker-watch.yaml"))?
-        .into_iter()
-        .filter(|d| d["kind"] != "Deployment")
-        .collect();
-    ensure!(
-        items.len() == 3,
-        "expected ServiceAccount, Role, RoleBinding"
-    );
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
-    env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &list.to_string())?
-        .ok()?;
-    Ok(())
-}
 
 /// The API's refusal as (HTTP code, Status reason), `None` when the request succeeded.
 fn refusal<T>(result: kube::Result<T>) -> Result<Option<(u16, String)>> {
@@ -70,7 +49,7 @@ fn renewal() -> Patch<serde_json::Value> {
 async fn a_sidecar_may_write_only_its_own_lease() -> Result<()> {
     let env = TestEnv::new("lease-rbac").await?;
     let ns = env.namespace.as_str();
-    apply_rbac(&env)?;
+    apply_sidecar_rbac(&env)?;
 
     let (a, b) = (unique_name("worker-a"), unique_name("worker-b"));
     let pod_a = create_pod(&env.client, ns, &a, SA).await?;

@@ -77,6 +77,16 @@ async fn storm(
     client: &RetryAdvisorClient<Channel>,
     jobs: impl Iterator<Item = String>,
 ) -> Vec<(pb::DecideRequest, pb::DecideResponse)> {
+    // One call that books nothing first: until the server's SETTINGS have arrived, the
+    // client may open more streams than the server allows at once (32), and the extra
+    // ones are refused (REFUSED_STREAM).
+    client
+        .clone()
+        .get_policy(pb::GetPolicyRequest {
+            queue: "storm".into(),
+        })
+        .await
+        .expect("get_policy");
     let tasks: Vec<_> = jobs
         .map(|job| {
             let mut c = client.clone();

@@ -89,6 +89,35 @@ pub struct Cluster {
 }
 
 static SHARED: OnceLock<std::result::Result<Cluster, String>> = OnceLock::new();
+/// The state dir of a shared cluster this process started, stopped when it exits.
+static STOP_AT_EXIT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Whether the kube-apiserver recorded in `state_dir` still runs.
+fn apiserver_running(state_dir: &Path) -> bool {
+    std::fs::read_to_string(state_dir.join("kube-apiserver.pid"))
+        .ok()
+        .and_then(|pid| pid.trim().parse::<u32>().ok())
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Stops the cluster of `state_dir` when the test process exits, failed tests included
+/// (the harness ends with `exit`, which runs `atexit` handlers).
+fn stop_at_exit(state_dir: &Path) {
+    extern "C" fn stop() {
+        if let Some(dir) = STOP_AT_EXIT.get() {
+            let _ = Command::new(repo_root().join("dev/cluster-down.sh"))
+                .arg(dir)
+                .stdout(Stdio::null())
+                .status();
+        }
+    }
+    if STOP_AT_EXIT.set(state_dir.to_path_buf()).is_ok() {
+        // SAFETY: registers a plain function with no captured state.
+        unsafe {
+            libc::atexit(stop);
+        }
+    }
+}
 
 impl Cluster {
     /// The cluster shared by every test of this process, started (or found) on first use.
@@ -115,14 +144,21 @@ impl Cluster {
                 .map(PathBuf::from);
                 Cluster::prepare(path, None, bin_dir.as_deref(), started)
             }
-            _ => {
-                let state_dir = match std::env::var_os("REBOUND_CLUSTER_STATE_DIR") {
-                    // Relative to the repository root, wherever cargo runs the test from.
-                    Some(dir) if !dir.is_empty() => repo_root().join(dir),
-                    _ => repo_root().join(".state/cluster"),
-                };
-                Cluster::start(&state_dir)
-            }
+            _ => match std::env::var_os("REBOUND_CLUSTER_STATE_DIR") {
+                // Relative to the repository root, wherever cargo runs the test from; the
+                // caller (dev/test.sh) owns that cluster and stops it.
+                Some(dir) if !dir.is_empty() => Cluster::start(&repo_root().join(dir)),
+                _ => {
+                    // The checkout's default cluster: one this process starts, it stops.
+                    let state_dir = repo_root().join(".state/cluster");
+                    let was_running = apiserver_running(&state_dir);
+                    let cluster = Cluster::start(&state_dir)?;
+                    if !was_running {
+                        stop_at_exit(&state_dir);
+                    }
+                    Ok(cluster)
+                }
+            },
         }
     }
 

@@ -18,6 +18,7 @@ use crate::freshness::Written;
 use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView};
 use crate::status::StatusSeen;
+use crate::summary::Summaries;
 use crate::{Flags, backoff::Requeue};
 
 /// The watch caches a reconcile reads from (one per watched scope).
@@ -59,13 +60,14 @@ impl Stores {
 }
 
 /// What a namespace's reconciles remember between runs: our own writes (until the watch
-/// cache catches up) and the schedule summaries (one simulation per policy generation).
+/// cache catches up) and each policy generation's schedule summary (shared through
+/// [`Summaries`] with every policy of equal parameters).
 #[derive(Default)]
 pub struct Memory {
     pub(crate) configmap: Option<Written<ConfigMapView>>,
     /// Status writes the watch cache has not caught up with yet.
     pub(crate) statuses: HashMap<String, Written<StatusSeen>>,
-    pub(crate) summaries: HashMap<String, (i64, ScheduleSummary)>,
+    pub(crate) summaries: HashMap<String, (i64, Arc<ScheduleSummary>)>,
     /// The namespace's document as last compressed (only when it is stored compressed).
     pub(crate) compressed: crate::configmap::Compressed,
 }
@@ -79,6 +81,14 @@ pub struct Context {
     pub requeue: Requeue,
     pub metrics: Arc<Metrics>,
     pub events: Events,
+    pub summaries: Arc<Summaries>,
+}
+
+impl Memory {
+    /// Writes of ours the watch cache has not shown yet (forgotten once it has).
+    pub(crate) fn has_unconfirmed_writes(&self) -> bool {
+        self.configmap.is_some() || !self.statuses.is_empty()
+    }
 }
 
 impl Context {

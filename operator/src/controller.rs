@@ -203,6 +203,7 @@ pub async fn run(
         requeue: Requeue::default(),
         metrics,
         events,
+        summaries: Arc::default(),
     });
     let settings = controller::Config::default().concurrency(flags.concurrency);
     applier(

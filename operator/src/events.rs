@@ -44,7 +44,7 @@ impl Events {
         let mut publisher = Publisher {
             client,
             instance: truncate(&instance, MAX_INSTANCE).to_owned(),
-            recent: HashMap::new(),
+            recent: Recents::default(),
         };
         tokio::spawn(async move {
             while let Some((note, reference)) = rx.recv().await {
@@ -87,7 +87,46 @@ struct Recent {
 struct Publisher {
     client: kube::Client,
     instance: String,
-    recent: HashMap<Key, Recent>,
+    recent: Recents,
+}
+
+/// Most Events remembered for folding. Past it, new Events are still published, only not
+/// folded with a repeat: a burst of 100,000 new policies then costs no more memory than
+/// this, and a publish never scans more than it.
+const MAX_RECENT: usize = QUEUE;
+
+/// The Events published within [`FOLD_FOR`], by what they fold by.
+#[derive(Default)]
+struct Recents {
+    by_key: HashMap<Key, Recent>,
+    /// When expired entries were last dropped (a scan of all, so at most once a second).
+    swept: Option<Timestamp>,
+}
+
+impl Recents {
+    /// The Event a new one with `key` folds into at `now`, if any.
+    fn get_mut(&mut self, key: &Key, now: Timestamp) -> Option<&mut Recent> {
+        self.sweep(now);
+        self.by_key.get_mut(key).filter(|r| r.last + FOLD_FOR > now)
+    }
+
+    /// Remembers a published Event, unless [`MAX_RECENT`] are remembered already.
+    fn remember(&mut self, key: Key, recent: Recent) {
+        if self.by_key.len() < MAX_RECENT || self.by_key.contains_key(&key) {
+            self.by_key.insert(key, recent);
+        }
+    }
+
+    fn sweep(&mut self, now: Timestamp) {
+        if self
+            .swept
+            .is_some_and(|t| t + SignedDuration::from_secs(1) > now)
+        {
+            return;
+        }
+        self.by_key.retain(|_, r| r.last + FOLD_FOR > now);
+        self.swept = Some(now);
+    }
 }
 
 impl Publisher {
@@ -97,7 +136,6 @@ impl Publisher {
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
         let now = Timestamp::now();
-        self.recent.retain(|_, r| r.last + FOLD_FOR > now);
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let key = Key {
@@ -107,7 +145,7 @@ impl Publisher {
             name: regarding.name.clone(),
             uid: regarding.uid.clone(),
         };
-        if let Some(recent) = self.recent.get_mut(&key) {
+        if let Some(recent) = self.recent.get_mut(&key, now) {
             let series = EventSeries {
                 count: recent.count + 1,
                 last_observed_time: MicroTime(now),
@@ -146,7 +184,7 @@ impl Publisher {
             ..Event::default()
         };
         api.create(&PostParams::default(), &event).await?;
-        self.recent.insert(
+        self.recent.remember(
             key,
             Recent {
                 name,
@@ -195,6 +233,53 @@ mod tests {
             && name.starts_with(alnum)
             && name.ends_with(alnum)
             && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
+    }
+
+    fn key(name: &str) -> Key {
+        Key {
+            warning: false,
+            reason: "Compiled",
+            namespace: Some("ns".to_owned()),
+            name: Some(name.to_owned()),
+            uid: None,
+        }
+    }
+
+    fn recent(last: Timestamp) -> Recent {
+        Recent {
+            name: "e".to_owned(),
+            count: 1,
+            last,
+        }
+    }
+
+    #[test]
+    fn recents_fold_within_the_window_and_stay_bounded() {
+        let t0 = Timestamp::from_second(1_800_000_000).expect("time");
+        let mut recents = Recents::default();
+        recents.remember(key("a"), recent(t0));
+        assert!(
+            recents
+                .get_mut(&key("a"), t0 + FOLD_FOR - SignedDuration::from_secs(1))
+                .is_some()
+        );
+        // Expired: not folded into, even before a sweep drops it.
+        assert!(recents.get_mut(&key("a"), t0 + FOLD_FOR).is_none());
+        for i in 0..2 * MAX_RECENT {
+            recents.remember(key(&format!("p{i}")), recent(t0 + FOLD_FOR));
+        }
+        assert_eq!(recents.by_key.len(), MAX_RECENT);
+        // A remembered one is still updated when full.
+        recents.remember(
+            key("p0"),
+            recent(t0 + FOLD_FOR + SignedDuration::from_secs(5)),
+        );
+        let later = t0 + FOLD_FOR + SignedDuration::from_secs(10);
+        assert!(recents.get_mut(&key("p0"), later).is_some());
+        // Once all have expired, a sweep empties it.
+        let much_later = later + FOLD_FOR + FOLD_FOR;
+        assert!(recents.get_mut(&key("p0"), much_later).is_none());
+        assert!(recents.by_key.is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::freshness::{Written, compare};
 use crate::metrics::NamespaceFigures;
 use crate::objects::{ConfigMapView, PolicyView};
 use crate::status::{Blocked, Verdict};
+use crate::summary::Summaries;
 use crate::writes::{write_configmap, write_statuses};
 
 /// The controller's reconcile function; the key is a namespace.
@@ -33,13 +34,26 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
     // and putting it back cannot race.
     let mut memory = ctx.take_memory(&namespace);
     let result = reconcile_namespace(&namespace, &ctx, &mut memory).await;
+    let unconfirmed = memory.has_unconfirmed_writes();
     ctx.put_memory(&namespace, memory);
     ctx.metrics
         .reconciled(result.is_ok(), started.elapsed().as_secs_f64());
     result?;
     ctx.requeue.succeeded(&namespace);
-    Ok(Action::requeue(ctx.flags.resync))
+    // Our own status writes trigger nothing, so without this the writes remembered for a
+    // namespace would stay in memory until its next resync (five minutes by default): with
+    // 100,000 policies that is the largest thing the operator holds. A reconcile soon
+    // after, which writes nothing once the cache has caught up, lets them go.
+    let next = if unconfirmed {
+        SETTLE.min(ctx.flags.resync)
+    } else {
+        ctx.flags.resync
+    };
+    Ok(Action::requeue(next))
 }
+
+/// When a namespace with writes the watch cache has not confirmed yet is looked at again.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The controller's error policy: requeue with backoff from the policy crate.
 pub fn error_policy(key: Arc<Namespace>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -153,7 +167,7 @@ async fn reconcile_namespace(
         })
         .collect();
     drop(outcomes);
-    refresh_summaries(memory, &compilation).await;
+    refresh_summaries(memory, &compilation, &ctx.summaries).await;
     let figures = NamespaceFigures {
         compiled: compilation.document.policies.len() as i64,
         not_ready: verdicts
@@ -334,18 +348,24 @@ fn verdict(
     }
 }
 
-/// Simulates new policy generations (on the blocking pool: a summary is CPU work that
-/// must not hold up the async workers, which also renew the Lease) and forgets policies
-/// that are gone.
-async fn refresh_summaries(memory: &mut Memory, compilation: &rebound_policy::Compilation) {
-    let present: HashSet<String> = compilation
+/// Looks up (or simulates, on the blocking pool: a summary is CPU work that must not hold
+/// up the async workers, which also renew the Lease) the summaries of new policy
+/// generations, and forgets policies that are gone.
+async fn refresh_summaries(
+    memory: &mut Memory,
+    compilation: &rebound_policy::Compilation,
+    summaries: &Arc<Summaries>,
+) {
+    let present: HashSet<&str> = compilation
         .document
         .policies
         .iter()
-        .map(|p| p.uid.clone())
+        .map(|p| p.uid.as_str())
         .collect();
-    memory.summaries.retain(|uid, _| present.contains(uid));
-    let stale: Vec<(String, i64, String, rebound_policy::ResolvedPolicy)> = compilation
+    memory
+        .summaries
+        .retain(|uid, _| present.contains(uid.as_str()));
+    let stale: Vec<(String, i64, rebound_policy::ResolvedPolicy)> = compilation
         .document
         .policies
         .iter()
@@ -355,20 +375,16 @@ async fn refresh_summaries(memory: &mut Memory, compilation: &rebound_policy::Co
                 .get(&p.uid)
                 .is_none_or(|(generation, _)| *generation != p.generation)
         })
-        .map(|p| (p.uid.clone(), p.generation, p.identity(), p.params.clone()))
+        .map(|p| (p.uid.clone(), p.generation, p.params.clone()))
         .collect();
     if stale.is_empty() {
         return;
     }
+    let summaries = Arc::clone(summaries);
     let computed = tokio::task::spawn_blocking(move || {
         stale
             .into_iter()
-            .map(|(uid, generation, identity, params)| {
-                (
-                    uid,
-                    (generation, crate::summary::summarize(&identity, &params)),
-                )
-            })
+            .map(|(uid, generation, params)| (uid, (generation, summaries.get(&params))))
             .collect::<Vec<_>>()
     })
     .await;

@@ -42,11 +42,13 @@ pub struct StatusSeen {
     ready: Option<u64>,
     /// Fingerprint of `summary.retryBudget`, if there is one.
     budget: Option<u64>,
-    transitions: Box<[Transition]>,
+    /// (type, status, lastTransitionTime) of each condition, separated by NUL, in one
+    /// allocation (nine small ones per policy before). A condition with a NUL in one of
+    /// them is left out: its time is not carried over, which costs one status write.
+    transitions: Box<str>,
 }
 
-/// (type, status, lastTransitionTime) of one condition.
-type Transition = (Box<str>, Box<str>, Box<str>);
+const SEPARATOR: char = '\0';
 
 impl StatusSeen {
     pub fn of(status: &RetryPolicyStatus) -> Self {
@@ -68,24 +70,25 @@ impl StatusSeen {
             transitions: status
                 .conditions
                 .iter()
-                .map(|c| {
-                    (
-                        c.type_.as_str().into(),
-                        c.status.as_str().into(),
-                        c.last_transition_time.as_str().into(),
-                    )
-                })
-                .collect(),
+                .map(|c| [&c.type_, &c.status, &c.last_transition_time])
+                .filter(|fields| !fields.iter().any(|f| f.contains(SEPARATOR)))
+                .flatten()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join("\0")
+                .into(),
         }
     }
 
     /// When the condition `type_` last became `status`, if it has that status now.
     fn since(&self, type_: &str, status: &str) -> Option<&str> {
-        self.transitions
-            .iter()
-            .find(|(t, _, _)| &**t == type_)
-            .filter(|(_, s, _)| &**s == status)
-            .map(|(_, _, since)| &**since)
+        let mut fields = self.transitions.split(SEPARATOR);
+        while let (Some(t), Some(s), Some(since)) = (fields.next(), fields.next(), fields.next()) {
+            if t == type_ {
+                return (s == status).then_some(since);
+            }
+        }
+        None
     }
 }
 
@@ -370,6 +373,25 @@ mod tests {
                 .filter(|c| c.type_ != READY)
                 .all(|c| c.status == "False")
         );
+    }
+
+    #[test]
+    fn transitions_are_read_back_per_condition() {
+        let mut s = desired(2, &serving(), None, None, "T1", "cm");
+        let seen = StatusSeen::of(&s);
+        assert_eq!(seen.since(READY, "True"), Some("T1"));
+        assert_eq!(seen.since(READY, "False"), None);
+        assert_eq!(seen.since(STALLED, "False"), Some("T1"));
+        assert_eq!(seen.since("Other", "True"), None);
+        let none = StatusSeen::of(&RetryPolicyStatus::default());
+        assert_eq!(none.since(READY, "True"), None);
+        // A condition with the separator in a field is left out; the others are kept.
+        for c in s.conditions.iter_mut().filter(|c| c.type_ == READY) {
+            c.last_transition_time = "T1\0True".to_owned();
+        }
+        let odd = StatusSeen::of(&s);
+        assert_eq!(odd.since(READY, "True"), None);
+        assert_eq!(odd.since(RECONCILING, "False"), Some("T1"));
     }
 
     #[test]

@@ -1,6 +1,14 @@
 //! The schedule summary shown by `kubectl get retrypolicies`, computed by simulating the
 //! policy with the policy crate. A fixed seed keeps it identical from one reconcile to the
 //! next, so an unchanged policy never gets a status write.
+//!
+//! The simulation draws from the fixed seed, never from the policy's identity, so a
+//! summary is a function of the resolved parameters alone: [`Summaries`] computes it once
+//! per distinct parameters and shares it between every policy that has them (policies
+//! generated from one template, one per tenant or queue, differ only in their queues).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use rebound_policy::duration::format_approx;
 use rebound_policy::spec::{GiveUpAfter, ScheduleSummary};
@@ -24,10 +32,12 @@ pub fn samples(max_attempts: u32) -> u32 {
     fit.clamp(MIN_SAMPLES, SAMPLES)
 }
 
-/// The summary of one policy, without `servingQueues` (that depends on the namespace).
-/// CPU-bound (up to [`DECISION_BUDGET`] decisions): call it off the async workers.
-pub fn summarize(identity: &str, params: &ResolvedPolicy) -> ScheduleSummary {
-    let policy = PreparedPolicy::new(identity, params.clone());
+/// The summary of policies with `params`, without `servingQueues` (that depends on the
+/// namespace). CPU-bound (up to [`DECISION_BUDGET`] decisions): call it off the async
+/// workers.
+pub fn summarize(params: &ResolvedPolicy) -> ScheduleSummary {
+    // No job ids are simulated, so the identity seeds nothing.
+    let policy = PreparedPolicy::new(String::new(), params.clone());
     let sim = simulate(&policy, samples(params.max_attempts), SEED, false);
     ScheduleSummary {
         max_attempts: params.max_attempts,
@@ -44,10 +54,114 @@ pub fn summarize(identity: &str, params: &ResolvedPolicy) -> ScheduleSummary {
     }
 }
 
+/// Summaries shared by every policy with the same resolved parameters, for as long as
+/// one of them holds it.
+#[derive(Default)]
+pub struct Summaries {
+    inner: Mutex<SharedSummaries>,
+}
+
+#[derive(Default)]
+struct SharedSummaries {
+    /// By the JSON of the parameters (exact: no two parameter sets share a key).
+    by_params: HashMap<String, Weak<ScheduleSummary>>,
+    /// Entries to hold before the next sweep of dropped summaries.
+    sweep_at: usize,
+}
+
+/// Fewest entries before dropped summaries are swept out.
+const MIN_SWEEP: usize = 64;
+
+impl Summaries {
+    /// The summary of `params`, simulated only if no policy holds one for them.
+    /// CPU-bound on a miss: call it off the async workers.
+    pub fn get(&self, params: &ResolvedPolicy) -> Arc<ScheduleSummary> {
+        let key = serde_json::to_string(params).unwrap_or_default();
+        if let Some(shared) = self.lock().by_params.get(&key).and_then(Weak::upgrade) {
+            return shared;
+        }
+        // Simulated outside the lock; two callers racing on one key both simulate and the
+        // second's copy replaces the first's (equal, as the summary is deterministic).
+        let summary = Arc::new(summarize(params));
+        let mut inner = self.lock();
+        inner.by_params.insert(key, Arc::downgrade(&summary));
+        if inner.by_params.len() >= inner.sweep_at {
+            inner.by_params.retain(|_, s| s.strong_count() > 0);
+            inner.sweep_at = (2 * inner.by_params.len()).max(MIN_SWEEP);
+        }
+        summary
+    }
+
+    /// Parameter sets with a summary some policy holds.
+    pub fn len(&self) -> usize {
+        self.lock()
+            .by_params
+            .values()
+            .filter(|s| s.strong_count() > 0)
+            .count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SharedSummaries> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rebound_policy::RetryPolicySpec;
+
+    #[test]
+    fn policies_with_equal_parameters_share_one_summary() {
+        let summaries = Summaries::default();
+        let a = params(serde_json::json!({"queues": ["a"], "maxAttempts": 6}));
+        let b = params(serde_json::json!({"queues": ["b"], "maxAttempts": 6}));
+        let c = params(serde_json::json!({"queues": ["a"], "maxAttempts": 7}));
+        let (sa, sb, sc) = (summaries.get(&a), summaries.get(&b), summaries.get(&c));
+        assert!(Arc::ptr_eq(&sa, &sb), "queues are not parameters");
+        assert!(!Arc::ptr_eq(&sa, &sc));
+        assert_eq!(*sa, summarize(&a));
+        assert_eq!(sc.max_attempts, 7);
+        assert_eq!(summaries.len(), 2);
+        // Once no policy holds a summary it is dropped, and computed again on demand.
+        drop((sa, sb));
+        assert_eq!(summaries.len(), 1);
+        assert_eq!(*summaries.get(&a), summarize(&a));
+    }
+
+    /// What makes sharing sound: the simulation draws nothing from the policy's identity.
+    #[test]
+    fn the_simulation_does_not_depend_on_the_identity() {
+        for backoff in [
+            serde_json::json!({"strategy": "decorrelated", "base": "1s", "cap": "1m"}),
+            serde_json::json!({"base": "1s", "cap": "1m", "jitter": {"kind": "full"}}),
+        ] {
+            let p =
+                params(serde_json::json!({"queues": ["a"], "maxAttempts": 8, "backoff": backoff}));
+            let run = |identity: &str| {
+                simulate(&PreparedPolicy::new(identity, p.clone()), 200, SEED, true)
+            };
+            assert_eq!(run("ns/a"), run("other/b"), "{backoff}");
+        }
+    }
+
+    #[test]
+    fn dropped_summaries_are_swept_out() {
+        let summaries = Summaries::default();
+        for attempts in 1..=1_000 {
+            let p = params(serde_json::json!({"queues": ["a"], "maxAttempts": attempts}));
+            drop(summaries.get(&p));
+        }
+        let held = summaries.lock().by_params.len();
+        assert!(
+            held < 2 * MIN_SWEEP,
+            "{held} entries kept for dropped summaries"
+        );
+    }
 
     fn params(yaml: serde_json::Value) -> ResolvedPolicy {
         let spec: RetryPolicySpec = serde_json::from_value(yaml).expect("spec");
@@ -57,8 +171,8 @@ mod tests {
     #[test]
     fn is_deterministic() {
         let p = params(serde_json::json!({"queues": ["a"], "maxAttempts": 6}));
-        let a = summarize("ns/a", &p);
-        assert_eq!(a, summarize("ns/a", &p));
+        let a = summarize(&p);
+        assert_eq!(a, summarize(&p));
         assert_eq!(a.max_attempts, 6);
         assert_eq!(a.cap, "10m");
         assert_eq!(a.terminal, "drop");
@@ -68,10 +182,9 @@ mod tests {
     #[test]
     fn names_the_retry_budget() {
         let with = |budget: serde_json::Value| {
-            summarize(
-                "ns/a",
-                &params(serde_json::json!({"queues": ["a"], "retryBudget": budget})),
-            )
+            summarize(&params(
+                serde_json::json!({"queues": ["a"], "retryBudget": budget}),
+            ))
             .retry_budget
         };
         assert_eq!(
@@ -136,7 +249,7 @@ mod tests {
                             "jitter": {"kind": "proportional", "ratio": 0.5}}}),
         ] {
             let p = params(spec.clone());
-            let cheap = summarize("ns/a", &p);
+            let cheap = summarize(&p);
             let full = simulate(
                 &PreparedPolicy::new("ns/a", p.clone()),
                 SAMPLES,
@@ -162,7 +275,7 @@ mod tests {
             "queues": ["a"], "maxAttempts": 4,
             "backoff": {"strategy": "constant", "base": "2s", "jitter": {"kind": "none"}}
         }));
-        let s = summarize("ns/a", &p);
+        let s = summarize(&p);
         assert_eq!(s.give_up_after.p50, "6.00s");
         assert_eq!(s.give_up_after.max, "6.00s");
     }

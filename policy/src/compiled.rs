@@ -352,27 +352,37 @@ impl PrefixTrie {
 }
 
 impl PolicyTable {
+    /// Indexes a document the caller keeps (its policies are copied).
     pub fn new(doc: &CompiledDocument) -> Self {
+        Self::from_document(doc.clone())
+    }
+
+    /// Indexes a document, taking its names, patterns and parameters instead of copying
+    /// them: a reload of 10,000 policies then allocates and frees half as much.
+    pub fn from_document(doc: CompiledDocument) -> Self {
         let mut exact = HashMap::new();
         let mut globs = Vec::new();
         let mut entries = Vec::with_capacity(doc.policies.len());
-        for (index, p) in doc.policies.iter().enumerate() {
-            for q in &p.queues {
+        for (index, p) in doc.policies.into_iter().enumerate() {
+            let identity = p.identity();
+            for q in p.queues {
                 if q.contains('*') {
-                    globs.push((q.clone(), index));
+                    globs.push((q, index));
                 } else {
-                    exact.entry(q.clone()).or_insert(index);
+                    exact.entry(q).or_insert(index);
                 }
             }
             entries.push(TableEntry {
-                policy: PreparedPolicy::new(p.identity(), p.params.clone()),
-                name: p.name.clone(),
-                namespace: p.namespace.clone(),
+                policy: PreparedPolicy::new(identity, p.params),
+                name: p.name,
+                namespace: p.namespace,
                 generation: p.generation,
             });
         }
-        globs.sort_by(|(a, ai), (b, bi)| {
-            Specificity::of(b).cmp(&Specificity::of(a)).then(ai.cmp(bi))
+        // Most specific first; on equal specificity the earlier policy (the document is in
+        // precedence order). Keys are computed once per pattern, not once per comparison.
+        globs.sort_by_cached_key(|(pattern, index)| {
+            (std::cmp::Reverse(Specificity::of(pattern)), *index)
         });
         let globs: Vec<(Glob, usize)> = globs
             .into_iter()
@@ -380,7 +390,7 @@ impl PolicyTable {
             .collect();
         let prefixes = PrefixTrie::build(globs.iter().map(|(g, _)| g.literal_prefix()));
         Self {
-            hash: doc.hash.clone(),
+            hash: doc.hash,
             entries,
             exact,
             globs,

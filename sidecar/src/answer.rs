@@ -34,14 +34,16 @@ pub struct Snapshot {
 impl Snapshot {
     /// With fresh schedulers whose metrics are registered nowhere.
     pub fn new(doc: &CompiledDocument) -> Self {
-        Self::with_budgets(doc, Budgets::detached(doc))
+        Self::with_budgets(doc.clone(), Budgets::detached(doc))
     }
 
-    pub fn with_budgets(doc: &CompiledDocument, budgets: Budgets) -> Self {
+    /// Takes the document: the table is built from its parts without copying them.
+    pub fn with_budgets(doc: CompiledDocument, budgets: Budgets) -> Self {
+        let (namespace, hash) = (doc.namespace.clone(), doc.hash.clone());
         Self {
-            table: PolicyTable::new(doc),
-            namespace: doc.namespace.clone(),
-            hash: doc.hash.clone(),
+            table: PolicyTable::from_document(doc),
+            namespace,
+            hash,
             budgets,
         }
     }

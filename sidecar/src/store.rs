@@ -46,10 +46,10 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn new(doc: &CompiledDocument, origin: String, sequence: u64, budgets: Budgets) -> Self {
+    pub fn new(doc: CompiledDocument, origin: String, sequence: u64, budgets: Budgets) -> Self {
         Self {
-            snapshot: Snapshot::with_budgets(doc, budgets),
             policies: doc.policies.len(),
+            snapshot: Snapshot::with_budgets(doc, budgets),
             origin,
             sequence,
             loaded_at: SystemTime::now(),
@@ -312,7 +312,7 @@ impl Store {
     /// Indexes a checked document and makes it current. `started` is when the reload began
     /// (read + parse), for the reload-duration metric. Returns `false` when the document is
     /// the one already loaded.
-    pub fn install(&self, doc: &CompiledDocument, origin: &str, started: Instant) -> bool {
+    pub fn install(&self, doc: CompiledDocument, origin: &str, started: Instant) -> bool {
         self.stale.store(false, Ordering::Relaxed);
         if let Some(current) = self.current.load().as_ref()
             && current.hash() == doc.hash
@@ -324,7 +324,7 @@ impl Store {
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
         // Budgets carry over from the configuration being replaced.
         let budgets = Budgets::build(
-            doc,
+            &doc,
             self.current.load().as_deref().map(|c| &c.snapshot.budgets),
             &self.metrics,
         );
@@ -426,9 +426,9 @@ mod tests {
         assert!(store.current().is_none());
         let doc = compile_manifests(&[(PathBuf::from("a.yaml"), YAML.to_owned())], "ns")
             .expect("compiles");
-        assert!(store.install(&doc, "t", Instant::now()));
+        assert!(store.install(doc.clone(), "t", Instant::now()));
         assert!(
-            !store.install(&doc, "t", Instant::now()),
+            !store.install(doc.clone(), "t", Instant::now()),
             "same hash is a no-op"
         );
         store.reject(&LoadError::Missing {

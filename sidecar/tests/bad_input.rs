@@ -44,7 +44,7 @@ fn with_catch_all() -> CompiledDocument {
 #[tokio::test]
 async fn bad_requests_are_invalid_argument_with_a_clear_message() {
     let store = common::store();
-    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    store.install(testkit::document("ns", 3, 0), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(0)).await;
     let mut client = server.advisor().await;
 
@@ -172,7 +172,7 @@ async fn bad_requests_are_invalid_argument_with_a_clear_message() {
 #[tokio::test]
 async fn catch_all_answers_unknown_queues() {
     let store = common::store();
-    store.install(&with_catch_all(), "test", Instant::now());
+    store.install(with_catch_all(), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(0)).await;
     let mut client = server.advisor().await;
     let r = client
@@ -258,7 +258,7 @@ fn item_code(result: &pb::DecideResult) -> Option<u32> {
 async fn invalid_utf8_and_implausible_times_are_per_item_invalid_argument() {
     const NOW: u64 = 1_800_000_000_000;
     let store = common::store();
-    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    store.install(testkit::document("ns", 3, 0), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(NOW)).await;
     let good = RawDecideRequest {
         queue: b"q0".to_vec(),
@@ -378,7 +378,7 @@ async fn raw_call<M: prost::Message + Send + Sync + 'static>(
 #[tokio::test]
 async fn each_rpc_has_its_own_message_bound_and_batches_are_counted_before_decoding() {
     let store = common::store();
-    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    store.install(testkit::document("ns", 3, 0), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(0)).await;
     let mut client = server.advisor().await;
 
@@ -431,7 +431,7 @@ async fn each_rpc_has_its_own_message_bound_and_batches_are_counted_before_decod
 async fn connections_beyond_the_cap_are_closed_and_served_again_once_others_leave() {
     use rebound_sidecar::server::MAX_CONNECTIONS;
     let store = common::store();
-    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    store.install(testkit::document("ns", 3, 0), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(0)).await;
     let mut idle = Vec::new();
     for _ in 0..MAX_CONNECTIONS {

@@ -105,7 +105,7 @@ async fn unary_and_batch_answers_equal_decide() {
     let doc = testkit::document("team-a", 120, 0);
     let table = PolicyTable::new(&doc);
     let store = common::store();
-    store.install(&doc, "test", Instant::now());
+    store.install(doc.clone(), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(NOW_MS)).await;
     let mut client = server.advisor().await;
 
@@ -165,7 +165,7 @@ async fn get_policy_returns_the_resolved_parameters() {
     let doc = testkit::document("team-a", 40, 0);
     let table = PolicyTable::new(&doc);
     let store = common::store();
-    store.install(&doc, "test", Instant::now());
+    store.install(doc.clone(), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(NOW_MS)).await;
     let mut client = server.advisor().await;
     for queue in (0..40).flat_map(|i| [format!("q{i}"), format!("g{i}.x")]) {
@@ -191,7 +191,7 @@ async fn get_policy_returns_the_resolved_parameters() {
 async fn same_job_same_answer_without_job_id_still_within_cap() {
     let doc = testkit::document("team-a", 5, 0);
     let store = common::store();
-    store.install(&doc, "test", Instant::now());
+    store.install(doc.clone(), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(NOW_MS)).await;
     let mut client = server.advisor().await;
     let req = |job: &str| pb::DecideRequest {

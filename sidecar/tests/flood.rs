@@ -20,7 +20,7 @@ const RESOURCE_EXHAUSTED: i32 = 8;
 #[tokio::test]
 async fn half_sent_batches_past_the_budget_are_refused_and_decide_still_answers() {
     let store = common::store();
-    store.install(&testkit::document("ns", 3, 0), "test", Instant::now());
+    store.install(testkit::document("ns", 3, 0), "test", Instant::now());
     let server = common::start(store, common::fixed_clock(0)).await;
 
     // 4 connections × 32 calls, each announcing an almost full batch and sending 60,000

@@ -37,7 +37,7 @@ async fn shutdown_flips_health_and_lets_in_flight_calls_finish() {
     let first = watch.message().await.expect("stream").expect("status");
     assert_eq!(first.status, NOT_SERVING);
 
-    store.install(&testkit::document("ns", 10, 0), "test", Instant::now());
+    store.install(testkit::document("ns", 10, 0), "test", Instant::now());
     let next = watch.message().await.expect("stream").expect("status");
     assert_eq!(
         next.status, SERVING,

@@ -119,7 +119,7 @@ fn series(store: &Store, name: &str) -> Option<f64> {
 async fn a_storm_never_overfills_a_slot_and_repeats_and_reloads_keep_answers() {
     let store = common::store();
     let first = doc(RATE, "2s");
-    store.install(&first, "test", Instant::now());
+    store.install(first.clone(), "test", Instant::now());
     let table = PolicyTable::new(&first);
     let server = common::start(Arc::clone(&store), common::fixed_clock(NOW_MS)).await;
     let client = server.advisor().await;
@@ -190,7 +190,7 @@ async fn a_storm_never_overfills_a_slot_and_repeats_and_reloads_keep_answers() {
     // A reload that leaves storm's budget alone keeps its bookings and memo.
     let before = store.current().expect("loaded");
     let second = doc(RATE, "3s");
-    assert!(store.install(&second, "test", Instant::now()));
+    assert!(store.install(second.clone(), "test", Instant::now()));
     let after = store.current().expect("loaded");
     assert_ne!(before.hash(), after.hash());
     assert!(
@@ -209,7 +209,7 @@ async fn a_storm_never_overfills_a_slot_and_repeats_and_reloads_keep_answers() {
     );
 
     // A changed budget starts an empty book: the first retry fits as decided.
-    assert!(store.install(&doc(2 * RATE, "3s"), "test", Instant::now()));
+    assert!(store.install(doc(2 * RATE, "3s"), "test", Instant::now()));
     let fresh = storm(&client, std::iter::once("fresh".to_owned())).await;
     let (req, r) = &fresh[0];
     assert_eq!(
@@ -219,7 +219,7 @@ async fn a_storm_never_overfills_a_slot_and_repeats_and_reloads_keep_answers() {
     assert!(metric(&store, "retry_budget_stretched_total") >= 200.0);
 
     // Without its budget the policy answers as decide does, and its series are gone.
-    assert!(store.install(&doc_with("", "3s"), "test", Instant::now()));
+    assert!(store.install(doc_with("", "3s"), "test", Instant::now()));
     let plain = storm(&client, std::iter::once("late".to_owned())).await;
     let (req, r) = &plain[0];
     assert_eq!(

@@ -82,7 +82,7 @@ async fn sidecar_answers_every_vector_exactly() {
     let file = VectorFile::from_json(VECTORS).expect("vector file parses");
     assert!(file.cases.len() > 500, "{} cases", file.cases.len());
     let store = common::store();
-    store.install(&document(&file), "vectors", Instant::now());
+    store.install(document(&file), "vectors", Instant::now());
     let now = Arc::new(AtomicU64::new(rebound_policy::vectors::NOW_UNIX_MS));
     let clock_now = Arc::clone(&now);
     let server = common::start(store, Arc::new(move || clock_now.load(Ordering::SeqCst))).await;

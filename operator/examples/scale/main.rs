@@ -12,6 +12,7 @@
 //! API server's request counters, and stops it at the end.
 
 mod probe;
+mod track;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -27,12 +28,15 @@ use rebound_tests::DedicatedCluster;
 use tokio::sync::mpsc;
 
 use probe::{Operator, apiserver_writes, cpu_seconds, free_port, rss_kib, scrape, wait_until};
+use track::Tracker;
 
 struct Args {
     policies: usize,
     namespaces: usize,
     updates: usize,
     rest_secs: u64,
+    in_flight: usize,
+    converge_secs: u64,
     operator: Option<std::path::PathBuf>,
 }
 
@@ -42,6 +46,8 @@ fn args() -> Result<Args> {
         namespaces: 10,
         updates: 100,
         rest_secs: 60,
+        in_flight: 32,
+        converge_secs: 300,
         operator: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -54,6 +60,8 @@ fn args() -> Result<Args> {
             "--namespaces" => a.namespaces = value.parse()?,
             "--updates" => a.updates = value.parse()?,
             "--rest-secs" => a.rest_secs = value.parse()?,
+            "--in-flight" => a.in_flight = value.parse()?,
+            "--converge-secs" => a.converge_secs = value.parse()?,
             "--operator" => a.operator = Some(value.into()),
             other => bail!("unknown flag {other}"),
         }
@@ -96,32 +104,56 @@ async fn main() -> Result<()> {
     })
     .await?;
 
-    // 1. Burst: all policies created at once (32 requests in flight).
+    // 1. Burst: all policies created at once (`--in-flight` requests at a time), followed
+    // by two watches; the expected hash of each namespace comes from the created objects.
+    let tracker = Tracker::start(&client);
     let per_ns = args.policies / args.namespaces;
+    let total = per_ns * args.namespaces;
     let started = Instant::now();
     let creates = namespaces
         .iter()
         .flat_map(|ns| (0..per_ns).map(move |i| (ns.clone(), i)));
-    futures::stream::iter(creates)
+    let created_objects: Vec<RetryPolicy> = futures::stream::iter(creates)
         .map(|(ns, i)| {
             let api: Api<RetryPolicy> = Api::namespaced(client.clone(), &ns);
             async move { api.create(&PostParams::default(), &make_policy(i)).await }
         })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
+        .buffer_unordered(args.in_flight)
+        .try_collect()
         .await?;
     let created = started.elapsed();
+    let expected = expected_hashes(&created_objects);
+    drop(created_objects);
+    let mut last_report = Instant::now();
     let converged = loop {
-        if all_converged(&client, &namespaces, args.policies).await? {
+        let (ready, at_hash) = tracker.progress(&expected);
+        if ready >= total && at_hash == expected.len() {
             break started.elapsed();
         }
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("did not converge within 300s; log: {}", log.display());
+        if started.elapsed() > created + Duration::from_secs(args.converge_secs) {
+            bail!(
+                "not converged {}s after the last create ({ready}/{total} Ready, {at_hash}/{} ConfigMaps at the final hash); log: {}",
+                args.converge_secs,
+                expected.len(),
+                log.display()
+            );
+        }
+        if last_report.elapsed() > Duration::from_secs(5) {
+            eprintln!(
+                "converging: {ready}/{total} Ready, {at_hash}/{} ConfigMaps at the final hash",
+                expected.len()
+            );
+            last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    drop(tracker);
     let (peak_converged, _) = rss_kib(operator.pid())?;
     let hashes = final_hashes(&client, &namespaces).await?;
+    let mismatched = hashes
+        .iter()
+        .filter(|(ns, actual)| expected.get(ns) != Some(actual))
+        .count();
     let weights = weigh(&client).await?;
 
     // 2. Update latency, one policy at a time.
@@ -218,7 +250,12 @@ async fn main() -> Result<()> {
         "policies: {} in {} namespaces",
         args.policies, args.namespaces
     );
-    println!("created (32 in flight): {:.2}s", created.as_secs_f64());
+    println!(
+        "created ({} in flight): {:.2}s, {:.0}/s",
+        args.in_flight,
+        created.as_secs_f64(),
+        total as f64 / created.as_secs_f64()
+    );
     println!(
         "converged (all Ready, all ConfigMaps final): {:.2}s after the first create, {:.2}s after the last",
         converged.as_secs_f64(),
@@ -262,7 +299,7 @@ async fn main() -> Result<()> {
     println!("reconciles so far: {reconciles}; operator CPU time: {cpu:.2}s");
     let unconverged = hashes.iter().filter(|(_, h)| h.is_empty()).count();
     println!(
-        "final hashes: {} namespaces, {unconverged} without a document",
+        "final hashes: {} namespaces, {unconverged} without a document, {mismatched} not the hash compile() gives",
         hashes.len()
     );
     Ok(())
@@ -290,67 +327,58 @@ fn make_policy(i: usize) -> RetryPolicy {
     RetryPolicy::new(&format!("p{i:03}"), spec)
 }
 
-async fn all_converged(client: &kube::Client, namespaces: &[String], total: usize) -> Result<bool> {
-    let all: Api<RetryPolicy> = Api::all(client.clone());
-    let list = all.list(&ListParams::default()).await?;
-    let ready = list
-        .items
-        .iter()
-        .filter(|p| {
-            let status = p.status.as_ref();
-            status.and_then(|s| s.observed_generation) == p.metadata.generation
-                && status.is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True")
-                })
+/// The hash `compile` gives each namespace's created policies (the create responses
+/// carry the uid and creation time the compiler orders by).
+fn expected_hashes(created: &[RetryPolicy]) -> HashMap<String, String> {
+    let mut by_namespace: HashMap<String, Vec<PolicySource>> = HashMap::new();
+    for p in created {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let source = PolicySource::from_object(p, &ns);
+        by_namespace.entry(ns).or_default().push(source);
+    }
+    by_namespace
+        .into_iter()
+        .map(|(ns, sources)| {
+            let hash = compile(&ns, sources).document.hash;
+            (ns, hash)
         })
-        .count();
-    if ready < total {
-        return Ok(false);
-    }
-    for ns in namespaces {
-        let (actual, expected) = hashes(client, &list.items, ns).await?;
-        if actual.as_deref() != Some(expected.as_str()) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+        .collect()
 }
 
-/// (hash in the ConfigMap, hash the policy crate computes from the API's policies).
-async fn hashes(
-    client: &kube::Client,
-    items: &[RetryPolicy],
-    ns: &str,
-) -> Result<(Option<String>, String)> {
-    let sources = items
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-        .map(|p| PolicySource::from_object(p, ns))
-        .collect();
-    let expected = compile(ns, sources).document.hash;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let actual = cms
-        .get_opt("rebound-policies")
-        .await?
-        .and_then(|cm| document(&cm))
-        .map(|d| d.hash);
-    Ok((actual, expected))
-}
-
+/// (namespace, hash of the document its ConfigMap holds, or empty), read and decoded.
 async fn final_hashes(
     client: &kube::Client,
     namespaces: &[String],
 ) -> Result<Vec<(String, String)>> {
-    let all: Api<RetryPolicy> = Api::all(client.clone());
-    let items = all.list(&ListParams::default()).await?.items;
     let mut out = Vec::new();
     for ns in namespaces {
-        let (actual, _) = hashes(client, &items, ns).await?;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let actual = cms
+            .get_opt("rebound-policies")
+            .await?
+            .and_then(|cm| document(&cm))
+            .map(|d| d.hash);
         out.push((ns.clone(), actual.unwrap_or_default()));
     }
     Ok(out)
+}
+
+/// Every object of `api`, a page at a time (one list of 100,000 policies would be a
+/// single response of hundreds of megabytes).
+async fn list_all<K>(api: &Api<K>, params: ListParams) -> Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut items = Vec::new();
+    let mut params = params.limit(1000);
+    loop {
+        let page = api.list(&params).await?;
+        items.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(items),
+        }
+    }
 }
 
 /// The compiled document of a ConfigMap, plain (`data`) or gzip'd (`binaryData`).
@@ -372,10 +400,10 @@ async fn weigh(client: &kube::Client) -> Result<String> {
         client.clone(),
         &kube::api::ApiResource::erase::<RetryPolicy>(&()),
     );
-    let list = all.list(&ListParams::default()).await?;
+    let list = list_all(&all, ListParams::default()).await?;
     let size = |v: &serde_json::Value| serde_json::to_vec(v).map_or(0, |b| b.len());
     let (mut managed, mut meta, mut spec, mut status) = (0, 0, 0, 0);
-    for p in &list.items {
+    for p in &list {
         let mut m = p.metadata.clone();
         managed += m
             .managed_fields
@@ -386,23 +414,24 @@ async fn weigh(client: &kube::Client) -> Result<String> {
         status += p.data.get("status").map_or(0, size);
     }
     let cms: Api<ConfigMap> = Api::all(client.clone());
-    let docs: usize = cms
-        .list(&ListParams::default().fields("metadata.name=rebound-policies"))
-        .await?
-        .items
-        .iter()
-        .map(|cm| {
-            cm.data
+    let docs: usize = list_all(
+        &cms,
+        ListParams::default().fields("metadata.name=rebound-policies"),
+    )
+    .await?
+    .iter()
+    .map(|cm| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get(CONFIGMAP_KEY))
+            .map_or(0, String::len)
+            + cm.binary_data
                 .as_ref()
                 .and_then(|d| d.get(CONFIGMAP_KEY))
-                .map_or(0, String::len)
-                + cm.binary_data
-                    .as_ref()
-                    .and_then(|d| d.get(CONFIGMAP_KEY))
-                    .map_or(0, |b| b.0.len())
-        })
-        .sum();
-    let n = list.items.len().max(1);
+                .map_or(0, |b| b.0.len())
+    })
+    .sum();
+    let n = list.len().max(1);
     let kib = |b: usize| b as f64 / 1024.0;
     Ok(format!(
         "JSON per RetryPolicy: managedFields {:.0} B, other metadata {:.0} B, spec {:.0} B, status {:.0} B; ConfigMap documents {:.0} KiB in all",

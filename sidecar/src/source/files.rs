@@ -339,7 +339,7 @@ impl Loader {
         match self.parse(&inputs) {
             Ok(doc) => {
                 self.last_error = None;
-                self.store.install(&doc, &self.origin, started);
+                self.store.install(doc, &self.origin, started);
             }
             Err(e) => self.fail(&e),
         }

@@ -165,7 +165,7 @@ impl ConfigMapSource {
                     let parsed = tokio::task::spawn_blocking(move || {
                         let result = super::inflate(&bytes, &origin2)
                             .and_then(|json| store::parse_compiled(&json, &origin2))
-                            .map(|doc| store2.install(&doc, &origin2, started));
+                            .map(|doc| store2.install(doc, &origin2, started));
                         drop(bytes);
                         store::release_freed_memory();
                         result

@@ -50,10 +50,9 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<HttpResponse> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
         .with_context(|| format!("connecting to {addr}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    // One write: `write!` on an unbuffered stream sends each piece as its own segment.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     // Read until the server closes; a server that answers and keeps the connection open
     // ends the read with the timeout, and what it sent is the answer.
     let mut bytes = Vec::new();
@@ -158,8 +157,17 @@ mod tests {
         let addr = listener.local_addr()?;
         let server = std::thread::spawn(move || -> std::io::Result<()> {
             let (mut stream, _) = listener.accept()?;
-            let mut request = [0u8; 1024];
-            let _ = stream.read(&mut request)?;
+            // Read the whole request head, as a real server does: closing with unread
+            // bytes makes the kernel reset the connection instead of ending it.
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 256];
+            while !request.ends_with(b"\r\n\r\n") {
+                let read = stream.read(&mut chunk)?;
+                if read == 0 {
+                    break;
+                }
+                request.extend_from_slice(&chunk[..read]);
+            }
             stream.write_all(
                 b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nX-A: b\r\n\r\nno such path",
             )

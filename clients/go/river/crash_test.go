@@ -81,7 +81,11 @@ func runCrashWorker() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	rb, err := rebound.New(rebound.Options{})
+	var deadline time.Duration
+	if ms, err := strconv.Atoi(os.Getenv("REBOUND_TEST_DEADLINE_MS")); err == nil {
+		deadline = time.Duration(ms) * time.Millisecond
+	}
+	rb, err := rebound.New(rebound.Options{Deadline: deadline})
 	if err != nil {
 		// Refused before any River client exists: no job runs.
 		line := map[string]any{"event": "worker.refused", "error": err.Error()}
@@ -96,9 +100,15 @@ func runCrashWorker() int {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &sleepWorker{})
 	river.AddWorker(workers, &blockWorker{})
+	river.AddWorker(workers, faultWorker{})
 	queue := cmp.Or(os.Getenv("REBOUND_TEST_QUEUE"), "crash")
+	slots, err := strconv.Atoi(cmp.Or(os.Getenv("REBOUND_TEST_WORKERS"), "1"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	cfg := &river.Config{
-		Queues:                 map[string]river.QueueConfig{queue: {MaxWorkers: 1}},
+		Queues:                 map[string]river.QueueConfig{queue: {MaxWorkers: slots}},
 		Workers:                workers,
 		FetchCooldown:          20 * time.Millisecond,
 		FetchPollInterval:      50 * time.Millisecond,

@@ -235,6 +235,7 @@ func startRiverWith(t *testing.T, rb *rebound.Rebound, edit func(*river.Config),
 	river.AddWorker(workers, &blockWorker{})
 	river.AddWorker(workers, causeWorker{})
 	river.AddWorker(workers, recWorker{})
+	river.AddWorker(workers, faultWorker{})
 	cfg := &river.Config{
 		Queues:               map[string]river.QueueConfig{},
 		Workers:              workers,

@@ -31,7 +31,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/rivertype"
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
@@ -87,12 +86,13 @@ const DeadLetterKind = "rebound_dead_letter"
 type DeadLetterArgs struct {
 	JobKind       string          `json:"kind"`
 	Args          json.RawMessage `json:"args"`
-	JobID         int64           `json:"job_id"`
+	JobID         int64           `json:"job_id" river:"unique"`
 	Queue         string          `json:"queue"`
 	Reason        string          `json:"reason"`
 	ReasonMessage string          `json:"reason_message"`
-	// Attempts is the number of runs made.
-	Attempts     int       `json:"attempts"`
+	// Attempts is the number of runs made. With JobID it keys the dead letter: one per
+	// give-up, however often its transaction is retried.
+	Attempts     int       `json:"attempts" river:"unique"`
 	Error        string    `json:"error"`
 	ErrorClass   string    `json:"error_class,omitempty"`
 	Policy       string    `json:"policy"`
@@ -192,7 +192,6 @@ type Adapter struct {
 type pendingRetry struct {
 	attempt int
 	delay   time.Duration
-	gaveUp  bool
 }
 
 var (
@@ -271,14 +270,35 @@ func reasonName(r pb.GiveUpReason) string { return r.String() }
 // rescuedError is the error River's rescuer records for a run whose worker vanished.
 const rescuedError = "Stuck job rescued by JobRescuer"
 
-// rescuedAttempt is the attempt River's rescuer last rescued, if the job's latest error is
-// the rescuer's (its worker died mid-run, and the middleware never saw that run fail).
-func rescuedAttempt(job *rivertype.JobRow) (rivertype.AttemptError, bool) {
+// DeferredKey is the job-metadata key marking a give-up that could not be written (the
+// database did not answer, or refused the dead letter): the next run is given up instead.
+const DeferredKey = "rebound_deferred"
+
+// deferred is metadata.rebound_deferred: the give-up of the run Attempt, Runs runs made.
+type deferred struct {
+	Attempt int `json:"attempt"`
+	Runs    int `json:"runs"`
+}
+
+// unanswered is the previous run of the job if it ended without a decision carried out:
+// River's rescuer put it back after its worker vanished, or its give-up could not be
+// written. It returns that run's number (the runs made) and its error.
+func unanswered(job *rivertype.JobRow) (int, error, bool) {
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(job.Metadata, &meta) == nil && meta[DeferredKey] != nil {
+		var d deferred
+		if json.Unmarshal(meta[DeferredKey], &d) == nil && d.Attempt == job.Attempt-1 && d.Runs > 0 {
+			return d.Runs, errors.New("rebound: the give-up of this run could not be written"), true
+		}
+	}
 	if len(job.Errors) == 0 {
-		return rivertype.AttemptError{}, false
+		return 0, nil, false
 	}
 	last := job.Errors[len(job.Errors)-1]
-	return last, last.Error == rescuedError && last.Trace == "" && last.Attempt > 0 && last.Attempt < job.Attempt
+	if last.Error == rescuedError && last.Trace == "" && last.Attempt > 0 && last.Attempt == job.Attempt-1 {
+		return last.Attempt, fmt.Errorf("rebound: run %d ended without an answer (%s)", last.Attempt, last.Error), true
+	}
+	return 0, nil, false
 }
 
 // decide asks Rebound and logs the answer (debug level, event "rebound.decision").
@@ -293,19 +313,20 @@ func (a *Adapter) decide(ctx context.Context, f rebound.Failure) rebound.Answer 
 }
 
 // Work runs the job; after a failure it asks Rebound and carries out a give-up. A job
-// River's rescuer put back after Rebound gave up on the rescued run is given up here,
-// before it runs: its next run could die as well and never reach the failure path.
+// whose previous run ended without an answer (its worker died, or its give-up could not
+// be written) is decided for that run first, and given up here before it runs: its next
+// run could die as well and never reach the failure path.
 func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) (err error) {
-	if last, ok := rescuedAttempt(job); ok {
+	if runs, lastErr, ok := unanswered(job); ok {
 		now := time.Now()
 		f := rebound.Failure{
 			Queue:        job.Queue,
-			Attempt:      last.Attempt,
+			Attempt:      runs,
 			JobID:        strconv.FormatInt(job.ID, 10),
 			FirstFailure: firstFailure(job, now),
 		}
 		if ans := a.decide(ctx, f); !ans.Retry() {
-			return a.giveUp(ctx, job, f, ans, "", errors.New(last.Error), "", now)
+			return a.giveUp(ctx, job, f, ans, "", lastErr, "", now)
 		}
 	}
 	defer func() {
@@ -325,11 +346,11 @@ func (a *Adapter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	}
 	var cancel *rivertype.JobCancelError
 	var snooze *rivertype.JobSnoozeError
-	if errors.As(err, &cancel) || errors.As(err, &snooze) {
+	if errors.As(err, &cancel) || errors.As(err, &snooze) || errors.Is(context.Cause(ctx), rivertype.ErrJobCancelledRemotely) {
 		return err
 	}
 	if softStop(ctx, err) {
-		// River's soft stop (the run does not count) or a cancelled run: NextRetry decides.
+		// River's soft stop: River puts the job back without counting the run.
 		return err
 	}
 	return a.failed(ctx, job, err, "")
@@ -356,12 +377,97 @@ func (a *Adapter) failed(ctx context.Context, job *rivertype.JobRow, err error, 
 		return a.giveUp(ctx, job, f, a.terminal(job.Queue, ans), ReasonLibraryMaxAttempts, err, trace, now)
 	}
 	if ans.Retry() {
-		a.mu.Lock()
-		a.pending[job.ID] = pendingRetry{attempt: job.Attempt, delay: ans.Delay}
-		a.mu.Unlock()
+		a.keep(job, ans.Delay)
+		a.yieldIfStale(ctx, job)
 		return err
 	}
 	return a.giveUp(ctx, job, f, ans, "", err, trace, now)
+}
+
+// keep is the delay NextRetry answers for this run of the job.
+func (a *Adapter) keep(job *rivertype.JobRow, delay time.Duration) {
+	a.mu.Lock()
+	a.pending[job.ID] = pendingRetry{attempt: job.Attempt, delay: delay}
+	a.mu.Unlock()
+}
+
+// StaleWait bounds how long a run that River's rescuer has meanwhile handed to another run
+// (its worker paused past RescueStuckJobsAfter) waits for that run to end before it returns
+// to River. River writes a run's end to the job's row whenever the row is running, whichever
+// run it belongs to: a late return would put the newer run's job back to retry while it
+// runs, and each such overlap could start another.
+var StaleWait = 2 * time.Minute
+
+// yieldIfStale returns at once when this run is the job's current one; otherwise it waits
+// (up to StaleWait) until the job's row is no longer running, so that River's write of this
+// run's end finds nothing to change.
+func (a *Adapter) yieldIfStale(ctx context.Context, job *rivertype.JobRow) {
+	read, ok := a.rowReader(context.WithoutCancel(ctx))
+	if !ok {
+		return
+	}
+	end := time.Now().Add(StaleWait)
+	for waited := false; ; waited = true {
+		state, attempt, err := read(job.ID)
+		if err != nil || state != rivertype.JobStateRunning || attempt == job.Attempt {
+			return
+		}
+		if !waited {
+			a.client.Logger().WarnContext(ctx, "rebound: a newer run of the job is running; waiting for it to end",
+				"event", "rebound.stale_run", "queue", job.Queue, "jobId", strconv.FormatInt(job.ID, 10),
+				"attempt", job.Attempt, "currentAttempt", attempt)
+		}
+		if time.Now().After(end) {
+			a.client.HookError(job.Queue, strconv.FormatInt(job.ID, 10), "staleRun",
+				fmt.Errorf("run %d still overlaps run %d after %s", job.Attempt, attempt, StaleWait))
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// rowReader reads the job's state and attempt through the River client running the job.
+func (a *Adapter) rowReader(ctx context.Context) (func(id int64) (rivertype.JobState, int, error), bool) {
+	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
+		return func(id int64) (rivertype.JobState, int, error) { return readRow(ctx, c, id) }, true
+	}
+	if c, err := river.ClientFromContextSafely[*sql.Tx](ctx); err == nil {
+		return func(id int64) (rivertype.JobState, int, error) { return readRow(ctx, c, id) }, true
+	}
+	return nil, false
+}
+
+func readRow[TTx any](ctx context.Context, client *river.Client[TTx], id int64) (rivertype.JobState, int, error) {
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var state string
+	var attempt int
+	err := client.Driver().GetExecutor().QueryRow(tctx,
+		"SELECT state::text, attempt FROM "+table(client.Schema())+" WHERE id = $1", id).Scan(&state, &attempt)
+	return rivertype.JobState(state), attempt, err
+}
+
+func table(schema string) string {
+	if schema == "" {
+		return "river_job"
+	}
+	return pgx.Identifier{schema, "river_job"}.Sanitize()
+}
+
+// softStop tells whether River will treat the run as stopped by its client, not counted:
+// River's own stop (StopAndCancel, SoftStopTimeout) cancels the run with a cause of its
+// own, which the run returns or turns into context.Canceled. Any other end is a run River
+// counts and Rebound decides: a timeout, and Start's context cancelled without
+// SoftStopTimeout (the usual signal.NotifyContext), whose cause is context.Canceled.
+func softStop(ctx context.Context, err error) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	cause := context.Cause(ctx)
+	if errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) {
+		return false
+	}
+	return errors.Is(err, context.Canceled) || errors.Is(err, cause)
 }
 
 // terminal turns a RETRY answer into the give-up of the queue's policy (its terminal
@@ -377,30 +483,36 @@ func (a *Adapter) terminal(queue string, ans rebound.Answer) rebound.Answer {
 	return ans
 }
 
-// softStop tells whether the run ended because its context was cancelled: the error is
-// context.Canceled or the context's cause (River's stop cancels with a cause of its own,
-// which context-aware code returns). A timeout (cause DeadlineExceeded) is a failure.
-func softStop(ctx context.Context, err error) bool {
-	if ctx.Err() == nil {
-		return false
+// holdDelay is how long a job whose give-up is not carried out by this run waits before
+// River hands it out again (to give it up then): the policy's first backoff for the job,
+// never an immediate retry.
+func (a *Adapter) holdDelay(job *rivertype.JobRow) time.Duration {
+	p, identity := rebound.DefaultPolicy(), rebound.DefaultIdentity
+	if ref, cached := a.client.Cached(job.Queue); cached != nil {
+		p, identity = cached, ref.GetNamespace()+"/"+ref.GetName()
 	}
-	if errors.Is(err, context.Canceled) {
-		return true
+	r, err := rebound.DecideLocal(p, identity, 1, rebound.Context{JobID: strconv.FormatInt(job.ID, 10),
+		NowUnixMs: uint64(time.Now().UnixMilli())})
+	if err == nil && r.GetDecision() == pb.Decision_DECISION_RETRY && r.GetDelayMs() > 0 {
+		return time.Duration(r.GetDelayMs()) * time.Millisecond
 	}
-	cause := context.Cause(ctx)
-	return !errors.Is(cause, context.DeadlineExceeded) && errors.Is(err, cause)
+	return rebound.LastResortDelay
 }
 
 // SettleFor bounds how long a give-up keeps trying to write the job's end (its state and
-// the dead letter) while the database does not answer, before leaving it to River.
+// the dead letter) while the database does not answer or refuses, before deferring it.
 var SettleFor = 30 * time.Second
 
-var errNotRunning = errors.New("the job is no longer running (cancelled or rescued meanwhile)")
+var errNotRunning = errors.New("another run of the job owns it now (rescued, retried or ended meanwhile)")
 
 // giveUp ends the job in River's `discarded` state with metadata.rebound, and for a dead
 // letter inserts the DeadLetterArgs job into the policy's deadLetterQueue, in one
-// transaction. reason, when set, replaces the answer's (the answer was not a give-up but
-// the job cannot run again). It returns err: River then finds the job no longer running.
+// transaction keyed by (job id, run): retried after a lost reply, or run by a stale copy
+// of the job, it writes nothing twice. reason, when set, replaces the answer's (the answer
+// was not a give-up but the job cannot run again). It returns err: River then finds the
+// job no longer running. When the transaction cannot be written within SettleFor, the
+// give-up is deferred: the job goes back to River (metadata.rebound_deferred) and its
+// next run is given up before it starts.
 func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.Failure, ans rebound.Answer, reason string, err error, trace string, now time.Time) error {
 	g := GiveUp{
 		Disposition:   DispositionDrop,
@@ -434,11 +546,6 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 			dl.Args = json.RawMessage("{}")
 		}
 	}
-	// NextRetry, which River still calls when the middleware returns an error, has nothing to ask.
-	a.mu.Lock()
-	a.pending[job.ID] = pendingRetry{attempt: job.Attempt, gaveUp: true}
-	a.mu.Unlock()
-
 	at := now
 	if job.AttemptedAt != nil && !job.AttemptedAt.IsZero() {
 		at = *job.AttemptedAt
@@ -449,26 +556,33 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 	switch {
 	case settled:
 		g.DeadLetterJobID = id
+		// NextRetry, which River still calls when the middleware returns an error, has
+		// nothing to decide: River's write finds the job no longer running.
+		a.keep(job, 0)
 	case errors.Is(serr, errNotRunning):
+		// A newer run owns the job (this one was rescued while its worker was paused):
+		// that run decides. This one hands back without touching it.
 		a.client.HookError(job.Queue, f.JobID, "giveUp", serr)
+		a.keep(job, a.holdDelay(job))
+		a.yieldIfStale(ctx, job)
 		return err
 	default:
-		// No transaction (an unknown driver, or the database did not answer within
-		// SettleFor): River's own discard path (its attempt limit reached), recording the
-		// give-up in the metadata. A dead letter could not be inserted.
-		if serr != nil {
-			a.client.HookError(job.Queue, f.JobID, "giveUp", serr)
+		// Not written (no transaction for this driver, the database down past SettleFor,
+		// or the dead letter refused): nothing is dead-lettered. The job goes back to
+		// River, marked, and its next run is given up before it starts; if River cannot
+		// write either, its rescuer puts the job back and the same happens.
+		if serr == nil {
+			serr = errors.New("no transaction: the River client's driver is neither pgx nor database/sql")
 		}
-		if dl != nil {
-			a.client.HookError(job.Queue, f.JobID, "deadLetter", fmt.Errorf("dead letter for %s not inserted", g.DeadLetterQueue))
-		}
-		if merr := river.MetadataSet(ctx, MetadataKey, g); merr != nil {
+		a.client.HookError(job.Queue, f.JobID, "giveUp", serr)
+		if merr := river.MetadataSet(ctx, DeferredKey, deferred{Attempt: job.Attempt, Runs: f.Attempt}); merr != nil {
 			a.client.HookError(job.Queue, f.JobID, "metadata", merr)
 		}
-		job.MaxAttempts = job.Attempt // River discards the job without asking NextRetry
-		a.mu.Lock()
-		delete(a.pending, job.ID)
-		a.mu.Unlock()
+		a.keep(job, a.holdDelay(job))
+		a.client.Logger().WarnContext(ctx, "rebound could not write the give-up; deferred to the job's next run",
+			"event", "rebound.give_up_deferred", "queue", job.Queue, "jobId", f.JobID, "kind", job.Kind,
+			"attempts", f.Attempt, "disposition", g.Disposition, "deadLetterQueue", g.DeadLetterQueue, "error", serr.Error())
+		return err
 	}
 	event := "rebound.dropped"
 	if g.Disposition == DispositionDeadLetter {
@@ -492,8 +606,8 @@ type settlement struct {
 }
 
 // settle writes the give-up in a transaction of the River client running the job (pgx or
-// database/sql), retrying while the database does not answer. settled is false when
-// there is no such client.
+// database/sql), retrying while the database does not answer or refuses. settled is false
+// when there is no such client.
 func (a *Adapter) settle(ctx context.Context, s *settlement, g GiveUp) (settled bool, id int64, err error) {
 	errData, err := json.Marshal(s.attemptErr)
 	if err != nil {
@@ -520,6 +634,9 @@ func (a *Adapter) settle(ctx context.Context, s *settlement, g GiveUp) (settled 
 	}
 }
 
+// settleTx is the give-up's transaction. It locks the job's row and writes only if the row
+// is still this run's (same attempt, not ended); if the row already holds this run's
+// give-up (a commit whose reply was lost), it returns that give-up's dead letter.
 func settleTx[TTx any](ctx context.Context, client *river.Client[TTx], s *settlement, errData []byte, g GiveUp) (int64, error) {
 	drv := client.Driver()
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -529,8 +646,30 @@ func settleTx[TTx any](ctx context.Context, client *river.Client[TTx], s *settle
 		return 0, err
 	}
 	defer func() { _ = execTx.Rollback(tctx) }()
+	var state string
+	var attempt int
+	var rec []byte
+	if err := execTx.QueryRow(tctx, "SELECT state::text, attempt, metadata->'"+MetadataKey+"' FROM "+table(client.Schema())+
+		" WHERE id = $1 FOR UPDATE", s.job.ID).Scan(&state, &attempt, &rec); err != nil {
+		return 0, err
+	}
+	if attempt != s.job.Attempt {
+		return 0, errNotRunning
+	}
+	switch rivertype.JobState(state) {
+	case rivertype.JobStateDiscarded:
+		var done GiveUp
+		if len(rec) > 0 && json.Unmarshal(rec, &done) == nil && done.Attempt == g.Attempt {
+			return done.DeadLetterJobID, nil // this very give-up, committed before
+		}
+		return 0, errNotRunning
+	case rivertype.JobStateCompleted, rivertype.JobStateCancelled:
+		return 0, errNotRunning
+	}
 	if s.dl != nil {
-		res, err := client.InsertTx(tctx, drv.UnwrapTx(execTx), *s.dl, &river.InsertOpts{Queue: s.dlq})
+		res, err := client.InsertTx(tctx, drv.UnwrapTx(execTx), *s.dl, &river.InsertOpts{Queue: s.dlq, UniqueOpts: river.UniqueOpts{
+			ByArgs: true, ByQueue: true, ByState: rivertype.JobStates(),
+		}})
 		if err != nil {
 			return 0, err
 		}
@@ -540,33 +679,23 @@ func settleTx[TTx any](ctx context.Context, client *river.Client[TTx], s *settle
 	if err != nil {
 		return 0, err
 	}
-	rows, err := execTx.JobSetStateIfRunningMany(tctx, &riverdriver.JobSetStateIfRunningManyParams{
-		ID:              []int64{s.job.ID},
-		Attempt:         []*int{nil},
-		ErrData:         [][]byte{errData},
-		FinalizedAt:     []*time.Time{&s.now},
-		MetadataDoMerge: []bool{true},
-		MetadataUpdates: [][]byte{meta},
-		ScheduledAt:     []*time.Time{nil},
-		Schema:          client.Schema(),
-		State:           []rivertype.JobState{rivertype.JobStateDiscarded},
-	})
-	if err != nil {
+	if err := execTx.Exec(tctx, "UPDATE "+table(client.Schema())+` SET state = 'discarded', finalized_at = $2,
+		errors = array_append(errors, $3::jsonb), metadata = (metadata - '`+DeferredKey+`') || $4::jsonb WHERE id = $1`,
+		s.job.ID, s.now, string(errData), string(meta)); err != nil {
 		return 0, err
-	}
-	if len(rows) != 1 || rows[0].State != rivertype.JobStateDiscarded || len(rows[0].Errors) != len(s.job.Errors)+1 {
-		return 0, errNotRunning
 	}
 	return g.DeadLetterJobID, execTx.Commit(tctx)
 }
 
 // NextRetry is River's retry policy: now + the delay the middleware was told for this
-// attempt. Otherwise (a rescued job) it asks Rebound itself; a give-up there becomes one
-// more run right away, which the middleware gives up before it starts (see Work).
+// attempt. Otherwise (a rescued job) it asks Rebound itself; on a give-up it holds the job
+// for the policy's first backoff, and the middleware gives it up before its next run.
 func (a *Adapter) NextRetry(job *rivertype.JobRow) time.Time {
 	a.mu.Lock()
 	p, ok := a.pending[job.ID]
-	delete(a.pending, job.ID)
+	if ok && p.attempt == job.Attempt {
+		delete(a.pending, job.ID)
+	}
 	a.mu.Unlock()
 	now := time.Now()
 	if ok && p.attempt == job.Attempt {
@@ -581,7 +710,7 @@ func (a *Adapter) NextRetry(job *rivertype.JobRow) time.Time {
 	if ans.Retry() {
 		return now.Add(ans.Delay)
 	}
-	return now
+	return now.Add(a.holdDelay(job))
 }
 
 // Replay puts a dead letter's job back to work: the original job (same ID) is made available

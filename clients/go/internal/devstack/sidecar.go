@@ -142,12 +142,21 @@ func (s *Sidecar) Start() error {
 	}
 }
 
+// Signal sends sig to the running sidecar (SIGSTOP hangs it, SIGCONT resumes it).
+func (s *Sidecar) Signal(sig syscall.Signal) error {
+	if s.cmd == nil {
+		return fmt.Errorf("sidecar at %s not running", s.Target)
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Kill stops the sidecar with SIGKILL and waits for it (no-op when not running).
 func (s *Sidecar) Kill() {
 	if s.cmd == nil {
 		return
 	}
 	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a hung (stopped) sidecar dies at once
 	_ = s.cmd.Wait()
 	s.cmd = nil
 }

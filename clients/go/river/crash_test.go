@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,7 +86,17 @@ func runCrashWorker() int {
 	if ms, err := strconv.Atoi(os.Getenv("REBOUND_TEST_DEADLINE_MS")); err == nil {
 		deadline = time.Duration(ms) * time.Millisecond
 	}
-	rb, err := rebound.New(rebound.Options{Deadline: deadline})
+	var logger *slog.Logger
+	if path := os.Getenv("REBOUND_TEST_LOG"); path != "" {
+		// The adapter's JSON lines, for the test to read.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		logger = slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	rb, err := rebound.New(rebound.Options{Deadline: deadline, Logger: logger})
 	if err != nil {
 		// Refused before any River client exists: no job runs.
 		line := map[string]any{"event": "worker.refused", "error": err.Error()}

@@ -378,7 +378,8 @@ func faultPausedPastEveryTimeout(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(runsDirEnv, dir)
 	ins := inserter(t)
-	worker := confWorker(t, confSidecar.Target, "REBOUND_TEST_WORKERS=4")
+	workerLog := filepath.Join(dir, "worker.log")
+	worker := confWorker(t, confSidecar.Target, "REBOUND_TEST_WORKERS=4", "REBOUND_TEST_LOG="+workerLog)
 	var ids []int64
 	for i := range 4 {
 		ids = append(ids, insertOn(t, ins, "fixed-3-dlq", FaultArgs{SleepMs: 1500, Succeed: i == 0}))
@@ -431,7 +432,18 @@ func faultPausedPastEveryTimeout(t *testing.T) {
 		}
 		checkDeadLettered(t, id, e, len(runs), 3)
 	}
-	t.Logf("most runs of one job: %d (maxAttempts 3)", most)
+	// The fault as meant: resumed runs ended while the rescued ones went on.
+	raw, err := os.ReadFile(workerLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := &logBuffer{}
+	stale.buf.Write(raw)
+	if len(stale.events(t, "rebound.stale_run")) == 0 {
+		t.Fatal("no resumed run overlapped a rescued one (no rebound.stale_run line)")
+	}
+	t.Logf("most runs of one job: %d (maxAttempts 3); %d resumed runs overlapped rescued ones",
+		most, len(stale.events(t, "rebound.stale_run")))
 }
 
 // Every run SIGKILLs its worker process; a new one is started each time, and River's

@@ -559,6 +559,16 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 		// NextRetry, which River still calls when the middleware returns an error, has
 		// nothing to decide: River's write finds the job no longer running.
 		a.keep(job, 0)
+	case serr == nil:
+		// No transaction: the River client's driver is neither pgx nor database/sql. River
+		// discards the job (its attempt limit reached) with the record; no dead letter can
+		// be inserted, so the record says drop.
+		a.client.HookError(job.Queue, f.JobID, "giveUp", errors.New("no transaction for this River driver: the dead letter was not inserted"))
+		g.Disposition, g.DeadLetterQueue = DispositionDrop, ""
+		if merr := river.MetadataSet(ctx, MetadataKey, g); merr != nil {
+			a.client.HookError(job.Queue, f.JobID, "metadata", merr)
+		}
+		job.MaxAttempts = job.Attempt
 	case errors.Is(serr, errNotRunning):
 		// A newer run owns the job (this one was rescued while its worker was paused):
 		// that run decides. This one hands back without touching it.
@@ -567,13 +577,10 @@ func (a *Adapter) giveUp(ctx context.Context, job *rivertype.JobRow, f rebound.F
 		a.yieldIfStale(ctx, job)
 		return err
 	default:
-		// Not written (no transaction for this driver, the database down past SettleFor,
-		// or the dead letter refused): nothing is dead-lettered. The job goes back to
-		// River, marked, and its next run is given up before it starts; if River cannot
-		// write either, its rescuer puts the job back and the same happens.
-		if serr == nil {
-			serr = errors.New("no transaction: the River client's driver is neither pgx nor database/sql")
-		}
+		// Not written (the database down past SettleFor, or the dead letter refused):
+		// nothing is dead-lettered. The job goes back to River, marked, and its next run
+		// is given up before it starts; if River cannot write either, its rescuer puts the
+		// job back and the same happens.
 		a.client.HookError(job.Queue, f.JobID, "giveUp", serr)
 		if merr := river.MetadataSet(ctx, DeferredKey, deferred{Attempt: job.Attempt, Runs: f.Attempt}); merr != nil {
 			a.client.HookError(job.Queue, f.JobID, "metadata", merr)

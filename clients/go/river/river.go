@@ -392,34 +392,37 @@ func (a *Adapter) keep(job *rivertype.JobRow, delay time.Duration) {
 }
 
 // StaleWait bounds how long a run that River's rescuer has meanwhile handed to another run
-// (its worker paused past RescueStuckJobsAfter) waits for that run to end before it returns
+// (its worker paused past RescueStuckJobsAfter) waits for the job to end before it returns
 // to River. River writes a run's end to the job's row whenever the row is running, whichever
-// run it belongs to: a late return would put the newer run's job back to retry while it
-// runs, and each such overlap could start another.
+// run it belongs to: returned while a newer run goes on, or just before one starts (River
+// writes a moment after the middleware returns), it would put that run's job back to retry
+// while it runs, and each such overlap could start another.
 var StaleWait = 2 * time.Minute
 
-// yieldIfStale returns at once when this run is the job's current one; otherwise it waits
-// (up to StaleWait) until the job's row is no longer running, so that River's write of this
-// run's end finds nothing to change.
+// yieldIfStale returns at once when this run is the job's current one. Otherwise it waits
+// until the job has ended (completed, discarded, cancelled), so that River's write of this
+// run's end finds nothing to change; after StaleWait, until no run of the job is going
+// on; after twice that, it returns anyway.
 func (a *Adapter) yieldIfStale(ctx context.Context, job *rivertype.JobRow) {
 	read, ok := a.rowReader(context.WithoutCancel(ctx))
 	if !ok {
 		return
 	}
-	end := time.Now().Add(StaleWait)
+	start := time.Now()
 	for waited := false; ; waited = true {
 		state, attempt, err := read(job.ID)
-		if err != nil || state != rivertype.JobStateRunning || attempt == job.Attempt {
+		if err != nil || attempt == job.Attempt || state == rivertype.JobStateCompleted ||
+			state == rivertype.JobStateDiscarded || state == rivertype.JobStateCancelled {
 			return
 		}
 		if !waited {
-			a.client.Logger().WarnContext(ctx, "rebound: a newer run of the job is running; waiting for it to end",
+			a.client.Logger().WarnContext(ctx, "rebound: a newer run of the job took over; waiting for the job to end",
 				"event", "rebound.stale_run", "queue", job.Queue, "jobId", strconv.FormatInt(job.ID, 10),
 				"attempt", job.Attempt, "currentAttempt", attempt)
 		}
-		if time.Now().After(end) {
+		if since := time.Since(start); since > 2*StaleWait || since > StaleWait && state != rivertype.JobStateRunning {
 			a.client.HookError(job.Queue, strconv.FormatInt(job.ID, 10), "staleRun",
-				fmt.Errorf("run %d still overlaps run %d after %s", job.Attempt, attempt, StaleWait))
+				fmt.Errorf("run %d returns while the job (at run %d, %s) has not ended after %s", job.Attempt, attempt, state, since.Round(time.Second)))
 			return
 		}
 		time.Sleep(200 * time.Millisecond)

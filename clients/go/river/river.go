@@ -420,6 +420,9 @@ func (a *Adapter) yieldIfStale(ctx context.Context, job *rivertype.JobRow) {
 				"event", "rebound.stale_run", "queue", job.Queue, "jobId", strconv.FormatInt(job.ID, 10),
 				"attempt", job.Attempt, "currentAttempt", attempt)
 		}
+		if ctx.Err() != nil && !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+			return // the client stops (StopAndCancel, Start's context) or the job was cancelled
+		}
 		if since := time.Since(start); since > 2*StaleWait || since > StaleWait && state != rivertype.JobStateRunning {
 			a.client.HookError(job.Queue, strconv.FormatInt(job.ID, 10), "staleRun",
 				fmt.Errorf("run %d returns while the job (at run %d, %s) has not ended after %s", job.Attempt, attempt, state, since.Round(time.Second)))

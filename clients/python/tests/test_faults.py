@@ -21,6 +21,7 @@ import uuid
 import pytest
 
 from conftest import CONFORMANCE, DLQ, HERE, REPO, Env, eventually
+from rebound_celery import enqueue
 
 FAULTS = [s for s in json.loads((CONFORMANCE / "faults.json").read_text())["scenarios"]
           if "celery" in s["libraries"]]
@@ -68,8 +69,6 @@ def fault_of(sid):
 
 def submit(e, mode="fail", sleep_s=0, key=None):
     key = key or f"{mode}-{uuid.uuid4()}"
-    from rebound_celery import enqueue
-
     enqueue(e.mod.fault, args=(mode, sleep_s), key=key, queue=QUEUE, link_error=e.mod.errback)
     return key
 

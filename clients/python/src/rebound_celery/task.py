@@ -3,11 +3,12 @@
     @app.task(base=ReboundTask, bind=True)
     def deliver(self, url): ...
 
-A failure of ``run`` asks Rebound (attempt = ``request.retries + 1``) and then retries
-with the answer's countdown, or gives up: the task ends FAILURE (result backend,
-``link_error``, chain errbacks), after sending a dead letter when the policy says so. The
-idempotency key and the first failure's time travel in the message headers, so every
-attempt sees the same ones.
+A failure of ``run`` asks Rebound (attempt = the run's number, counted in Redis before the
+body runs, see :mod:`rebound_celery.runs`) and then retries with the answer's countdown,
+or gives up: the task ends FAILURE (result backend, ``link_error``, chain errbacks), after
+a dead letter when the policy says so. A run that ended without an answer is decided as
+a failed run (``WorkerLost``) at its message's next delivery. The idempotency key and the
+first failure's time travel in the message headers, so every attempt sees the same ones.
 """
 
 import time

@@ -3,10 +3,11 @@ policies' names in policies.yaml; REDIS_URL and REBOUND_TARGET come from the env
 
 import json
 import os
+import signal
 import time
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from rebound_celery import ReboundTask
 
@@ -90,3 +91,42 @@ def slow(self, seconds):
 def errback(request, exc, traceback):
     """link_error: runs when the task ends FAILURE."""
     r.rpush(f"errback:{request.id}", json.dumps({"exc": type(exc).__name__}))
+
+
+class FaultTask(ReboundTask):
+    def rebound_retry_after_ms(self, exc):
+        """kill-while-deciding: the hook is deciding this run's failure: SIGKILL the child."""
+        if isinstance(exc, TransientError) and self.request.args and self.request.args[0] == "kill-while-deciding":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().rebound_retry_after_ms(exc)
+
+
+@app.task(base=FaultTask, bind=True, name="conformance.fault")
+def fault(self, mode="fail", sleep_s=0):
+    """The job of the fault scenarios (faults.json): records its run, then per ``mode``:
+    fail | succeed | kill-child (SIGKILLs its pool child) | kill-worker (the worker and
+    the child) | kill-while-flag (kill-child while ``kill:KEY`` exists, else succeed) |
+    kill-while-deciding (fails; its child is SIGKILLed in the hook, see FaultTask)."""
+    key = self.rebound_key()
+    attempt = getattr(self, "rebound_attempt", lambda: self.request.retries + 1)()
+    r.rpush(f"runs:{key}", json.dumps({"retries": self.request.retries, "attempt": attempt,
+                                       "id": self.request.id, "ms": int(time.time() * 1000), "pid": os.getpid()}))
+    if mode == "kill-child" or (mode == "kill-while-flag" and r.exists(f"kill:{key}")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "kill-worker":
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(sleep_s)
+    if mode in ("succeed", "kill-while-flag"):
+        r.set(f"done:{key}", json.dumps({"retries": self.request.retries, "pid": os.getpid()}))
+        return "ok"
+    raise TransientError(f"run {attempt} fails")
+
+
+@signals.task_failure.connect
+def _kill_after_give_up(sender=None, task_id=None, **_):
+    """killed-between-dead-letter-and-ack: the job has given up (its dead letter written)
+    and Celery has not acknowledged its message yet: SIGKILL the worker and the child."""
+    if task_id and r.delete(f"kill-after-give-up:{task_id}"):
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)

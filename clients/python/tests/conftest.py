@@ -9,14 +9,22 @@ import socket
 import subprocess
 import sys
 import time
+import base64
+import contextlib
+import types
 import uuid
 
 import pytest
 import redis
+from celery import Celery
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 HERE = pathlib.Path(__file__).resolve().parent
 STATE = REPO / ".state" / "py-tests"
+CONFORMANCE = REPO / "clients" / "conformance"
+CONFORMANCE_POLICIES = CONFORMANCE / "policies.yaml"
+WORK_QUEUES = "fixed-3,fixed-3-dlq,fixed-3-drop,no-policy"
+DLQ = "fixed-3-dead"
 TARGET_DIR = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
 QUEUES = "flaky,doomed,dropme,payments,failover,crash,deadline,stackq,work-dead"
 
@@ -101,7 +109,7 @@ def log_events(path, event=None):
         except ValueError:
             continue
         if isinstance(doc, dict) and (event is None or doc.get("event") == event):
-            doc["_level"], doc["_process"] = m["level"], m["process"]
+            doc["_level"], doc["_process"], doc["_time"] = m["level"], m["process"], m["time"]
             out.append(doc)
     return out
 
@@ -259,3 +267,60 @@ def app(redis_url, sidecar):
 @pytest.fixture(scope="session")
 def r(redis_url):
     return redis.Redis.from_url(redis_url)
+
+
+class Env:
+    """One Redis database, the conformance app against it, and what a test starts (stopped on exit)."""
+
+    def __init__(self, redis_url, db, run_dir, name):
+        self.url = f"{redis_url.rstrip('/')}/{db}"
+        self.r = redis.Redis.from_url(self.url)
+        self.r.flushdb()
+        self.dir = run_dir / f"conformance-{name}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.stack = contextlib.ExitStack()
+
+    def sidecar(self, start=True):
+        log = self.stack.enter_context(open(self.dir / "sidecar.log", "ab"))
+        s = Sidecar(CONFORMANCE_POLICIES, log, namespace="conformance")
+        self.stack.callback(s.kill)
+        if start:
+            s.start()
+        return s
+
+    def worker(self, target, start=True, url=None, log="worker.log", **kw):
+        kw.setdefault("queues", WORK_QUEUES)
+        w = Worker(url or self.url, target, self.dir / log, app="conformance_app", **kw)
+        self.stack.callback(w.stop)
+        if start:
+            w.start()
+        return w
+
+    def app(self, target=None):
+        """A producer on this database: the conformance tasks by name, and their results."""
+        app = Celery("conformance-producer", broker=self.url, backend=self.url)
+        self.stack.callback(app.close)
+        return types.SimpleNamespace(app=app, **{n: app.signature(f"conformance.{n}")
+                                                 for n in ("job", "autoretry", "broken", "slow", "errback", "fault")})
+
+    def runs(self, key):
+        return [json.loads(x) for x in self.r.lrange(f"runs:{key}", 0, -1)]
+
+    def dead_letters(self, key=None):
+        """The rebound.dead_letter messages waiting on the dead-letter queue (kombu's Redis list)."""
+        out = []
+        for raw in self.r.lrange(DLQ, 0, -1):
+            msg = json.loads(raw)
+            body = msg["body"]
+            if msg["properties"].get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args, kwargs, _ = json.loads(body)
+            if msg["headers"].get("task") == "rebound.dead_letter" and (key is None or kwargs["key"] == key):
+                out.append(kwargs)
+        return out
+
+    def errbacks(self, key):
+        return [json.loads(x) for x in self.r.lrange(f"errback:{key}", 0, -1)]
+
+    def close(self):
+        self.stack.close()

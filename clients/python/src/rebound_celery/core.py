@@ -19,7 +19,7 @@ import grpc
 
 from ._pb import advisor_pb2 as pb
 from .client import AdvisorClient, TargetError, answer_from_wire, resolved_from_wire
-from .decide import PreparedPolicy, decide_prepared
+from .decide import PreparedPolicy, backoff_delay, decide_prepared
 
 def _load_default():
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default-policy.json"), "rb") as f:
@@ -239,6 +239,15 @@ class Rebound:
             if missing:
                 self.prefetch(missing, quiet=quiet)
         self._in_background("prefetch", run)
+
+    def backoff_ms(self, queue, attempt, job_id=None):
+        """The queue's policy's backoff delay for ``attempt`` (cached policy, else the
+        default), for a decision that has to wait. Never raises."""
+        try:
+            cached = self.cached_policy(str(queue))
+            return backoff_delay(cached[2] if cached else self.default, attempt, job_id)
+        except Exception:
+            return LAST_RESORT_DELAY_MS
 
     def decide(self, queue, attempt, **context):
         """The answer for this failure: a dict in DecideResponse's JSON names plus ``source``

@@ -266,6 +266,13 @@ def decide_prepared(prepared, attempt, ctx=None):
     }
 
 
+def backoff_delay(prepared, attempt, job_id=None):
+    """The policy's backoff delay for ``attempt`` (jitter keyed on ``job_id``), whatever its
+    maxAttempts and deadline say: the wait before a give-up whose write was refused is
+    tried again."""
+    return _delay(prepared.params, max(int(attempt), 1), None, _Draws(job_id, prepared.identity_seed))
+
+
 def decide_local(policy, identity, attempt, ctx=None):
     """One-shot form of :func:`decide_prepared`."""
     return decide_prepared(PreparedPolicy(policy, identity), attempt, ctx)

@@ -77,16 +77,26 @@ func scenarios(t *testing.T) []scenario {
 
 // Every scenario of scenarios.json has a Go test, and every Go test a scenario.
 func TestConformanceEveryScenarioHasAGoTest(t *testing.T) {
-	listed := map[string]bool{}
+	ids := []string{}
 	for _, s := range scenarios(t) {
-		listed[s.ID] = true
-		if conformance[s.ID] == nil {
-			t.Errorf("scenario %q (clients/conformance/scenarios.json) has no Go test", s.ID)
+		ids = append(ids, s.ID)
+	}
+	checkCoverage(t, "scenarios.json", ids, conformance)
+}
+
+// checkCoverage fails t when a listed id of file has no test in tests, or a test no id.
+func checkCoverage(t *testing.T, file string, ids []string, tests map[string]func(*testing.T)) {
+	t.Helper()
+	listed := map[string]bool{}
+	for _, id := range ids {
+		listed[id] = true
+		if tests[id] == nil {
+			t.Errorf("scenario %q (clients/conformance/%s) has no Go test", id, file)
 		}
 	}
-	for id := range conformance {
+	for id := range tests {
 		if !listed[id] {
-			t.Errorf("Go conformance test %q is not a scenario of scenarios.json", id)
+			t.Errorf("Go test %q is not a scenario of %s", id, file)
 		}
 	}
 }

@@ -90,18 +90,11 @@ func faultScenarios(t *testing.T) []faultScenario {
 
 // Every faults.json scenario listing river has a Go test, and every Go test a scenario.
 func TestFaultsEveryScenarioHasAGoTest(t *testing.T) {
-	listed := map[string]bool{}
+	ids := []string{}
 	for _, s := range faultScenarios(t) {
-		listed[s.ID] = true
-		if faults[s.ID] == nil {
-			t.Errorf("fault scenario %q (clients/conformance/faults.json) has no Go test", s.ID)
-		}
+		ids = append(ids, s.ID)
 	}
-	for id := range faults {
-		if !listed[id] {
-			t.Errorf("Go fault test %q is not a river scenario of faults.json", id)
-		}
-	}
+	checkCoverage(t, "faults.json (river)", ids, faults)
 }
 
 func TestFaults(t *testing.T) {
@@ -245,28 +238,7 @@ func endingOf(t *testing.T, q *pgxpool.Pool, id int64) ending {
 // deadLettersIn are the dead letters of job id in the database of q.
 func deadLettersIn(t *testing.T, q *pgxpool.Pool, id int64) []deadLetter {
 	t.Helper()
-	rows, err := q.Query(context.Background(), `SELECT id, args FROM river_job
-		WHERE kind = 'rebound_dead_letter' AND (args->>'job_id')::bigint = $1 ORDER BY id`, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []deadLetter
-	for rows.Next() {
-		var d deadLetter
-		var raw []byte
-		if err := rows.Scan(&d.id, &raw); err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(raw, &d.DeadLetterArgs); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, d)
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	return out
+	return queryDeadLetters(t, q, "", id)
 }
 
 // waitEnded waits until job id is completed or discarded, then for `settle` more, and

@@ -330,7 +330,14 @@ type deadLetter struct {
 // deadLettersOf are the dead letters of job id (in queue dlq, any queue when empty).
 func deadLettersOf(t *testing.T, dlq string, id int64) []deadLetter {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, args FROM river_job
+	return queryDeadLetters(t, pool, dlq, id)
+}
+
+// queryDeadLetters are the dead letters of job id in the database of q (in queue dlq, any
+// queue when empty).
+func queryDeadLetters(t *testing.T, q *pgxpool.Pool, dlq string, id int64) []deadLetter {
+	t.Helper()
+	rows, err := q.Query(context.Background(), `SELECT id, args FROM river_job
 		WHERE kind = 'rebound_dead_letter' AND ($1 = '' OR queue = $1) AND (args->>'job_id')::bigint = $2 ORDER BY id`, dlq, id)
 	if err != nil {
 		t.Fatal(err)

@@ -119,6 +119,7 @@ export interface Metrics {
     /** Of those, how many used the built-in/configured default policy (no fetched policy). */
     default_policy: number;
   };
+  /** Dead letters written (each exists; a refused write is not counted). */
   deadLettered: number;
   dropped: number;
   /** Internal problems the hook absorbed (e.g. a dead-letter write that failed). */
@@ -232,6 +233,12 @@ export interface BullMQAdapter {
     queue: Q,
     opts?: Omit<EnqueueOptions, 'key'>,
   ): Promise<{ job: JobOf<Q>; key: string }>;
+  /**
+   * Wraps the Worker's processor function: runs that died with their worker count, and a job
+   * whose unanswered runs used up the policy's attempts gives up without running again; a
+   * give-up whose dead-letter write failed writes it before the job runs.
+   */
+  processor<P extends (job: any, token?: string, signal?: AbortSignal) => Promise<any>>(fn: P): P;
 }
 
 export type BullMQBackoffStrategy = (

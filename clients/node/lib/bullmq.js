@@ -162,7 +162,15 @@ function createBullMQAdapter(rebound) {
       } catch (e) {
         rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e);
       }
-      if (pending) throw new PendingGiveUpError(job.id);
+      if (pending) {
+        let message;
+        try {
+          message = JSON.parse(pending).payload.error.message;
+        } catch {
+          message = undefined; // unreadable: the hook decides afresh
+        }
+        throw new PendingGiveUpError(job.id, message);
+      }
       const lost = unansweredRuns(job);
       if (lost > 0) {
         const answer = await rebound.decide(

@@ -90,10 +90,13 @@ class WorkerLostError extends Error {
   }
 }
 
-/** Thrown by the wrapped processor for a job whose give-up waits for its dead letter to be written. */
+/**
+ * Thrown by the wrapped processor for a job whose give-up waits for its dead letter to be
+ * written. It carries the give-up's own error message, which stays the job's failedReason.
+ */
 class PendingGiveUpError extends Error {
-  constructor(jobId) {
-    super(`job ${jobId}: gave up, its dead letter is not written yet`);
+  constructor(jobId, message) {
+    super(message || `job ${jobId}: gave up, its dead letter is not written yet`);
     this.name = 'PendingGiveUp';
     this.code = 'REBOUND_PENDING_GIVE_UP';
     this.notRun = true;

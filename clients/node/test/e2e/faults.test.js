@@ -296,6 +296,7 @@ scenario('dead-letter-write-refused', 'bullmq', 'the dead-letter write refused b
   assertTally(t, done, expect, window);
   for (const key of keys) {
     assert.deepEqual([done.jobs[key].state, done.jobs[key].deadLetters], ['failed', expect.deadLettersAfterAllowed], key);
+    assert.equal(done.jobs[key].failedReason, `run ${MAX_ATTEMPTS} of ${key} failed on purpose`, 'the give-up\'s own error');
     assert.deepEqual(done.jobs[key].dlAttempts, [MAX_ATTEMPTS]);
   }
   assert.equal(done.jobs[ok].where, 'completed');

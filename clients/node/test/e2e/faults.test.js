@@ -449,6 +449,8 @@ scenario('paused-past-every-timeout', 'bullmq', 'a worker SIGSTOPped past the lo
   assertTally(t, result, expect, window);
   assert.equal(result.jobs[lastRun].where, 'completed');
   for (const key of failing) assert.equal(result.jobs[key].where, 'deadLetter');
+  // The resumed worker's give-up of the job that completed elsewhere: refused by the lock check.
+  assert.ok(ctx.events.of('hookError', lastRun).some((h) => h.where === 'lockLost' && h.worker === a.index), 'the paused run wrote no dead letter');
 });
 
 scenario('broker-out-of-memory', 'bullmq', 'Redis at maxmemory (noeviction) while jobs fail and give up, then freed: none lost, one dead letter each', async (t, expect, window) => {

@@ -82,6 +82,37 @@ function createBullMQAdapter(rebound) {
     await Promise.allSettled([...deadLetterQueues.values()].map((q) => q.close()));
   });
 
+  /**
+   * The job's pending give-up (hook.js PENDING_FIELD). One whose dead letter exists is stale
+   * (the clean-up after the write failed) and is cleared, so a later give-up of the job, after
+   * `job.retry('failed')`, gets a dead letter of its own and the job runs again first.
+   */
+  function pendingGiveUp(job, hash) {
+    return {
+      async get() {
+        const text = await hash.hget(PENDING_FIELD);
+        if (!text) return null;
+        let marker;
+        try {
+          marker = JSON.parse(text);
+        } catch {
+          return text; // unreadable: the hook decides afresh
+        }
+        let written = false;
+        try {
+          written = Boolean(marker && marker.deadLetterQueue && marker.id && (await deadLetterQueue(job, marker.deadLetterQueue).getJob(marker.id)));
+        } catch (e) {
+          rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e); // unknown: still pending
+        }
+        if (!written) return text;
+        await hash.hdel(PENDING_FIELD);
+        return null;
+      },
+      set: (value) => hash.hset(PENDING_FIELD, value),
+      clear: () => hash.hdel(PENDING_FIELD),
+    };
+  }
+
   async function backoffStrategy(attemptsMade, type, err, job) {
     const hash = jobHash(job);
     return runHook(rebound, {
@@ -102,11 +133,7 @@ function createBullMQAdapter(rebound) {
       // BullMQ's failure count at this give-up, of this enqueue of the key: the same for a
       // retried hook call and for the run after a kill, another for every later give-up.
       giveUpId: () => `${job && job.timestamp}.${attemptsMade}`,
-      pending: hash && {
-        get: () => hash.hget(PENDING_FIELD),
-        set: (value) => hash.hset(PENDING_FIELD, value),
-        clear: () => hash.hdel(PENDING_FIELD),
-      },
+      pending: hash && pendingGiveUp(job, hash),
       lockHeld: hash ? () => hash.lockHeld() : undefined,
       async deadLetter(dlq, dlqJobId, payload) {
         // A job id that exists already makes add() a no-op: a repeated call adds nothing.
@@ -158,7 +185,7 @@ function createBullMQAdapter(rebound) {
       const hash = jobHash(job);
       let pending = null;
       try {
-        pending = hash ? await withTimeout(hash.hget(PENDING_FIELD), REDIS_TIMEOUT_MS, 'pending give-up') : null;
+        pending = hash ? await withTimeout(pendingGiveUp(job, hash).get(), REDIS_TIMEOUT_MS, 'pending give-up') : null;
       } catch (e) {
         rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e);
       }

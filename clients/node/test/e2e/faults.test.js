@@ -221,27 +221,35 @@ scenario('gives-up-twice', 'bullmq', 'retried from the failed set, or its key en
   const w = await ctx.worker();
   const retried = uniqueKey('twice-retry');
   const readded = uniqueKey('twice-readd');
-  await ctx.add({ failRuns: -1 }, { key: retried });
-  await ctx.add({ failRuns: -1 }, { key: readded });
+  // Retried too, with the record of a pending give-up left behind as if clearing it had
+  // failed after its dead letter was written: stale, so it must not stand for the new give-up.
+  const stale = uniqueKey('twice-stale');
+  const keys = [retried, readded, stale];
+  for (const key of keys) await ctx.add({ failRuns: -1 }, { key });
   const deadEvents = () => ctx.events.of('deadLetter').length;
-  await ctx.events.until('two give-ups', () => deadEvents() === 2);
-  await ended(ctx, [retried, readded]);
+  await ctx.events.until('three give-ups', () => deadEvents() === 3);
+  await ended(ctx, keys);
+  const [first] = (await deadLetters(ctx)).get(stale);
+  const marker = JSON.stringify({ deadLetterQueue: DEAD, id: first.id, payload: first.data });
+  await ctx.admin.hset(ctx.queue(QUEUE).toKey(stale), 'rebound:giveUp', marker);
   // The library's own retry of a failed job; and the same key enqueued again once the failed job is removed.
   await (await Job.fromId(ctx.queue(QUEUE), retried)).retry('failed');
+  await (await Job.fromId(ctx.queue(QUEUE), stale)).retry('failed');
   await (await Job.fromId(ctx.queue(QUEUE), readded)).remove();
   await ctx.add({ failRuns: -1 }, { key: readded });
-  await ctx.events.until('four give-ups', () => deadEvents() === 4);
-  await ended(ctx, [retried, readded]);
+  await ctx.events.until('six give-ups', () => deadEvents() === 6);
+  await ended(ctx, keys);
   await sleep(300);
-  const { count, jobs } = await tally(ctx, [retried, readded]);
+  const { count, jobs } = await tally(ctx, keys);
   t.diagnostic(JSON.stringify(jobs));
   assert.equal(count.lost, expect.jobsLost);
-  for (const key of [retried, readded]) assert.equal(jobs[key].deadLetters, expect.deadLetters, `${key}: a dead letter per give-up`);
+  for (const key of keys) assert.equal(jobs[key].deadLetters, expect.deadLetters, `${key}: a dead letter per give-up`);
   // Retried: one more run (BullMQ keeps its attempts count); enqueued again: maxAttempts more.
   assert.equal(jobs[retried].runs, MAX_ATTEMPTS + 1);
+  assert.equal(jobs[stale].runs, MAX_ATTEMPTS + 1);
   assert.equal(jobs[readded].runs, 2 * MAX_ATTEMPTS);
-  assert.equal(w.rebound.metrics().deadLettered, 4, 'the counter counts dead letters that exist');
-  assert.equal(await ctx.queue(DEAD).count(), 4);
+  assert.equal(w.rebound.metrics().deadLettered, 6, 'the counter counts dead letters that exist');
+  assert.equal(await ctx.queue(DEAD).count(), 6);
   assert.ok(window >= 0);
 });
 

@@ -280,7 +280,8 @@ export class Rebound extends EventEmitter {
    */
   prefetch(queues: string | string[]): Promise<void>;
   /** Asks the sidecar (falls back locally); never rejects. */
-  decide(failure: Failure): Promise<Answer>;
+  /** `record: false`: a look ahead, neither counted nor emitted. */
+  decide(failure: Failure, opts?: { record?: boolean }): Promise<Answer>;
   /** The cached policy of a queue (fetching it when absent); null when none is known. */
   policy(queue: string): Promise<{ policy: PolicyRef; resolved: ResolvedPolicy } | null>;
   metrics(): Metrics;

@@ -281,7 +281,7 @@ class ReboundCore extends EventEmitter {
       const cached = this.policies.get(f.queue);
       if (!cached || cached.ref.configHash !== answer.policy.configHash) this.refresh(f.queue);
     } catch (err) {
-      answer = this.fallback(f, err);
+      answer = this.fallback(f, err, record);
     }
     if (record) {
       this.count(answer);
@@ -308,7 +308,7 @@ class ReboundCore extends EventEmitter {
   }
 
   /** The local answer: the cached policy, else the default. */
-  fallback(f, err) {
+  fallback(f, err, record = true) {
     const cause = causeOf(err);
     const code = err && typeof err.code === 'number' ? err.code : null;
     if (cause === 'not_found') this.policies.delete(f.queue);
@@ -340,6 +340,7 @@ class ReboundCore extends EventEmitter {
     answer.policy = cached ? cached.ref : EMPTY_REF;
     answer.source = 'fallback';
     answer.policySource = cached ? 'cached' : 'default';
+    if (!record) return answer;
     const fb = this.counters.fallback;
     fb.total++;
     fb[cause]++;

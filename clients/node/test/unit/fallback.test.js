@@ -55,6 +55,24 @@ test('closed port: the hook answers from the default policy and counts the fallb
   }
 });
 
+test('closed port: a look ahead (record: false) answers the same, neither counted nor emitted', async () => {
+  const rebound = createRebound({ target: `127.0.0.1:${await closedPort()}`, logger: false });
+  const events = [];
+  for (const ev of ['decision', 'fallback']) rebound.on(ev, (e) => events.push(e));
+  try {
+    const peek = await rebound.decide({ queue: 'q', attempt: 10, jobId: 'job-1' }, { record: false });
+    assert.equal(peek.decision, 'DECISION_GIVE_UP');
+    assert.deepEqual(events, []);
+    assert.deepEqual(rebound.metrics().fallback.total, 0);
+    assert.deepEqual(rebound.metrics().decisions.give_up_max_attempts, 0);
+    const real = await rebound.decide({ queue: 'q', attempt: 10, jobId: 'job-1' });
+    assert.deepEqual([real.decision, real.reason], [peek.decision, peek.reason]);
+    assert.equal(events.length, 2);
+  } finally {
+    await rebound.close();
+  }
+});
+
 test('missing Unix socket: the hook answers and never rejects', async () => {
   const sock = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'rebound-')), 'none.sock');
   const rebound = createRebound({ target: `unix://${sock}`, logger: false });

@@ -83,14 +83,23 @@ function createBullMQAdapter(rebound) {
   });
 
   /**
-   * The job's pending give-up (hook.js PENDING_FIELD). One whose dead letter exists is stale
-   * (the clean-up after the write failed) and is cleared, so a later give-up of the job, after
-   * `job.retry('failed')`, gets a dead letter of its own and the job runs again first.
+   * Pending give-ups this process could not record in Redis (a full Redis refuses the write
+   * as it refused the dead letter): kept here too, so the job's next start in this process
+   * writes the dead letter instead of running the job again. Bounded.
+   */
+  const pendingHere = new Map();
+
+  /**
+   * The job's pending give-up (hook.js PENDING_FIELD), in its hash or, failing that, in this
+   * process. One whose dead letter exists is stale (the clean-up after the write failed) and
+   * is cleared, so a later give-up of the job, after `job.retry('failed')`, gets a dead letter
+   * of its own and the job runs again first.
    */
   function pendingGiveUp(job, hash) {
+    const here = `${job.queueName}\u0000${job.id}\u0000${job.timestamp}`;
     return {
       async get() {
-        const text = await hash.hget(PENDING_FIELD);
+        const text = (await hash.hget(PENDING_FIELD)) || pendingHere.get(here);
         if (!text) return null;
         let marker;
         try {
@@ -105,11 +114,19 @@ function createBullMQAdapter(rebound) {
           rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e); // unknown: still pending
         }
         if (!written) return text;
+        pendingHere.delete(here);
         await hash.hdel(PENDING_FIELD);
         return null;
       },
-      set: (value) => hash.hset(PENDING_FIELD, value),
-      clear: () => hash.hdel(PENDING_FIELD),
+      async set(value) {
+        if (pendingHere.size >= 10000) pendingHere.delete(pendingHere.keys().next().value);
+        pendingHere.set(here, value);
+        await hash.hset(PENDING_FIELD, value);
+      },
+      async clear() {
+        pendingHere.delete(here);
+        await hash.hdel(PENDING_FIELD);
+      },
     };
   }
 

@@ -119,6 +119,7 @@ export interface Metrics {
     /** Of those, how many used the built-in/configured default policy (no fetched policy). */
     default_policy: number;
   };
+  /** Dead letters written (each exists; a refused write is not counted). */
   deadLettered: number;
   dropped: number;
   /** Internal problems the hook absorbed (e.g. a dead-letter write that failed). */
@@ -232,6 +233,12 @@ export interface BullMQAdapter {
     queue: Q,
     opts?: Omit<EnqueueOptions, 'key'>,
   ): Promise<{ job: JobOf<Q>; key: string }>;
+  /**
+   * Wraps the Worker's processor function: runs that died with their worker count, and a job
+   * whose unanswered runs used up the policy's attempts gives up without running again; a
+   * give-up whose dead-letter write failed writes it before the job runs.
+   */
+  processor<P extends (job: any, token?: string, signal?: AbortSignal) => Promise<any>>(fn: P): P;
 }
 
 export type BullMQBackoffStrategy = (
@@ -273,7 +280,8 @@ export class Rebound extends EventEmitter {
    */
   prefetch(queues: string | string[]): Promise<void>;
   /** Asks the sidecar (falls back locally); never rejects. */
-  decide(failure: Failure): Promise<Answer>;
+  /** `record: false`: a look ahead, neither counted nor emitted. */
+  decide(failure: Failure, opts?: { record?: boolean }): Promise<Answer>;
   /** The cached policy of a queue (fetching it when absent); null when none is known. */
   policy(queue: string): Promise<{ policy: PolicyRef; resolved: ResolvedPolicy } | null>;
   metrics(): Metrics;

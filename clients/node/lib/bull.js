@@ -5,7 +5,7 @@
 // `backoff.options`. Returning -1 sends the job to the failed set.
 
 const { randomUUID } = require('node:crypto');
-const { runHook, replayDeadLetter } = require('./hook');
+const { runHook, replayDeadLetter, PENDING_FIELD } = require('./hook');
 const { BACKOFF_TYPE, newKey } = require('./bullmq');
 
 /** The job-hash field counting the job's starts (Bull 4 has no attemptsStarted). */
@@ -69,6 +69,13 @@ function createBullAdapter(rebound) {
           err,
           // name and data are read from Redis only if the job is dead-lettered
           redis: jobId === '' ? null : bullJobHash(queue, jobId),
+          // Bull's failure count at this give-up, of this enqueue of the key (hook.js).
+          giveUpId: async () => `${await queue.client.hget(queue.toKey(jobId), 'timestamp')}.${attemptsMade}`,
+          pending: jobId === '' ? undefined : {
+            get: () => queue.client.hget(queue.toKey(jobId), PENDING_FIELD),
+            set: (value) => queue.client.hset(queue.toKey(jobId), PENDING_FIELD, value),
+            clear: () => queue.client.hdel(queue.toKey(jobId), PENDING_FIELD),
+          },
           async deadLetter(dlq, dlqJobId, payload) {
             // The hook sees no job: read its name and data from Redis.
             const job = await queue.getJob(jobId);

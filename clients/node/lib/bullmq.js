@@ -4,7 +4,7 @@
 // `backoff: { type: <custom> }`; returning -1 sends the job to the failed set.
 
 const crypto = require('node:crypto');
-const { runHook, replayDeadLetter } = require('./hook');
+const { runHook, replayDeadLetter, withTimeout, WorkerLostError, PendingGiveUpError, PENDING_FIELD, REDIS_TIMEOUT_MS } = require('./hook');
 
 const BACKOFF_TYPE = 'rebound';
 
@@ -23,13 +23,23 @@ function requireApp(name) {
   }
 }
 
-/** `{ hget, hset }` on the job's Redis hash, or null when the backend is not Redis. */
+/** `{ hget, hset, hdel, lockHeld }` on the job's Redis keys, or null when the backend is not Redis. */
 function jobHash(job) {
   const q = job && job.queue;
   if (!q || typeof q.toKey !== 'function' || typeof q.getBackend !== 'function') return null;
   const key = q.toKey(job.id);
   const client = () => Promise.resolve(q.getBackend().client);
   return {
+    async hdel(field) {
+      const c = await client();
+      if (c && typeof c.hdel === 'function') await c.hdel(key, field);
+    },
+    /** Whether this run still holds the job's lock (its worker's token); true when unknown. */
+    async lockHeld() {
+      const c = await client();
+      if (!job.token || !c || typeof c.get !== 'function') return true;
+      return (await c.get(`${key}:lock`)) === job.token;
+    },
     async hget(field) {
       const c = await client();
       return c && typeof c.hget === 'function' ? c.hget(key, field) : null;
@@ -72,7 +82,56 @@ function createBullMQAdapter(rebound) {
     await Promise.allSettled([...deadLetterQueues.values()].map((q) => q.close()));
   });
 
+  /**
+   * Pending give-ups this process could not record in Redis (a full Redis refuses the write
+   * as it refused the dead letter): kept here too, so the job's next start in this process
+   * writes the dead letter instead of running the job again. Bounded.
+   */
+  const pendingHere = new Map();
+
+  /**
+   * The job's pending give-up (hook.js PENDING_FIELD), in its hash or, failing that, in this
+   * process. One whose dead letter exists is stale (the clean-up after the write failed) and
+   * is cleared, so a later give-up of the job, after `job.retry('failed')`, gets a dead letter
+   * of its own and the job runs again first.
+   */
+  function pendingGiveUp(job, hash) {
+    const here = `${job.queueName}\u0000${job.id}\u0000${job.timestamp}`;
+    return {
+      async get() {
+        const text = (await hash.hget(PENDING_FIELD)) || pendingHere.get(here);
+        if (!text) return null;
+        let marker;
+        try {
+          marker = JSON.parse(text);
+        } catch {
+          return text; // unreadable: the hook decides afresh
+        }
+        let written = false;
+        try {
+          written = Boolean(marker && marker.deadLetterQueue && marker.id && (await deadLetterQueue(job, marker.deadLetterQueue).getJob(marker.id)));
+        } catch (e) {
+          rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e); // unknown: still pending
+        }
+        if (!written) return text;
+        pendingHere.delete(here);
+        await hash.hdel(PENDING_FIELD);
+        return null;
+      },
+      async set(value) {
+        if (pendingHere.size >= 10000) pendingHere.delete(pendingHere.keys().next().value);
+        pendingHere.set(here, value);
+        await hash.hset(PENDING_FIELD, value);
+      },
+      async clear() {
+        pendingHere.delete(here);
+        await hash.hdel(PENDING_FIELD);
+      },
+    };
+  }
+
   async function backoffStrategy(attemptsMade, type, err, job) {
+    const hash = jobHash(job);
     return runHook(rebound, {
       queue: job && job.queueName,
       jobId: job && job.id,
@@ -87,7 +146,12 @@ function createBullMQAdapter(rebound) {
       err,
       name: job && job.name,
       data: job && job.data,
-      redis: jobHash(job),
+      redis: hash,
+      // BullMQ's failure count at this give-up, of this enqueue of the key: the same for a
+      // retried hook call and for the run after a kill, another for every later give-up.
+      giveUpId: () => `${job && job.timestamp}.${attemptsMade}`,
+      pending: hash && pendingGiveUp(job, hash),
+      lockHeld: hash ? () => hash.lockHeld() : undefined,
       async deadLetter(dlq, dlqJobId, payload) {
         // A job id that exists already makes add() a no-op: a repeated call adds nothing.
         await deadLetterQueue(job, dlq).add(payload.name || 'dead-letter', payload, {
@@ -125,6 +189,44 @@ function createBullMQAdapter(rebound) {
     return { job, key: jobOpts.jobId };
   }
 
+  /**
+   * Wraps the Worker's processor (a function) so runs that died with their worker (SIGKILL,
+   * OOM) end the job too: before the job runs, runs that ended unanswered are counted, and
+   * when they used up the policy's attempts the job gives up (dead letter) without running
+   * again. A job whose dead-letter write failed writes it before anything else, without
+   * running. Without the wrapper a job that kills every worker runs until `maxStalledCount`.
+   */
+  function processor(fn) {
+    if (typeof fn !== 'function') throw new TypeError('processor: must be a function (a sandboxed processor file cannot be wrapped)');
+    return async function reboundProcessor(job, token, signal) {
+      const hash = jobHash(job);
+      let pending = null;
+      try {
+        pending = hash ? await withTimeout(pendingGiveUp(job, hash).get(), REDIS_TIMEOUT_MS, 'pending give-up') : null;
+      } catch (e) {
+        rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e);
+      }
+      if (pending) {
+        let message;
+        try {
+          message = JSON.parse(pending).payload.error.message;
+        } catch {
+          message = undefined; // unreadable: the hook decides afresh
+        }
+        throw new PendingGiveUpError(job.id, message);
+      }
+      const lost = unansweredRuns(job);
+      if (lost > 0) {
+        const answer = await rebound.decide(
+          { queue: job.queueName, attempt: job.attemptsMade + lost, jobId: job.id, errorClass: 'WorkerLost' },
+          { record: false },
+        );
+        if (answer.decision === 'DECISION_GIVE_UP') throw new WorkerLostError(job.id, lost);
+      }
+      return fn(job, token, signal);
+    };
+  }
+
   /** Puts a dead-lettered job back on its source queue with the same key (hook.js). */
   const replay = (deadLetterJob, queue, opts = {}) => replayDeadLetter(add, deadLetterJob, queue, opts);
 
@@ -143,7 +245,19 @@ function createBullMQAdapter(rebound) {
     jobOptions,
     add,
     replay,
+    processor,
   };
+}
+
+/**
+ * Runs of `job` that ended without an answer (their worker died): stalls BullMQ counted that
+ * were followed by another start, beyond the failures it recorded. This start not included.
+ */
+function unansweredRuns(job) {
+  const stalled = Number.isInteger(job.stalledCounter) ? job.stalledCounter : 0;
+  const started = Number.isInteger(job.attemptsStarted) ? job.attemptsStarted : 0;
+  const failed = Number.isInteger(job.attemptsMade) ? job.attemptsMade : 0;
+  return Math.min(stalled, Math.max(0, started - 1 - failed));
 }
 
 module.exports = { createBullMQAdapter, BACKOFF_TYPE, newKey };

@@ -284,6 +284,8 @@ function decideLocal(policy, identity, attempt, ctx) {
 module.exports = {
   decideLocal,
   decidePrepared,
+  delayForRetry,
+  draws,
   PreparedPolicy,
   fnv1a64,
   mix64,

@@ -10,6 +10,8 @@ const FIRST_FAILURE_FIELD = 'rebound:firstFailure';
 const MEMORY_LIMIT = 10000;
 /** A Redis that does not answer in this long leaves the first failure unknown for this call. */
 const REDIS_TIMEOUT_MS = 2000;
+/** A dead-letter write not confirmed in this long is tried again later (it may have landed). */
+const DEAD_LETTER_TIMEOUT_MS = 5000;
 
 function withTimeout(promise, ms, what) {
   let timer;
@@ -56,24 +58,132 @@ function errorSummary(err, errorClass) {
   };
 }
 
-/** The dead-letter job's id: derived from the source queue and key, so it is written once. */
-function deadLetterJobId(queue, key) {
-  return `${encodeURIComponent(queue)}/${encodeURIComponent(key)}`.replace(/:/g, '%3A');
+/**
+ * The dead-letter job's id: the source queue, the key and the give-up (`giveUp`: the job's
+ * enqueue time and the library's failure count when it gave up). One give-up always maps to
+ * one id, so a write repeated after a lost reply or a kill adds nothing; a job that gives up
+ * again (retried from the failed set, its key enqueued again) gets a dead letter of its own.
+ */
+function deadLetterJobId(queue, key, giveUp) {
+  const parts = [queue, key, ...(giveUp === undefined || giveUp === null || giveUp === '' ? [] : [String(giveUp)])];
+  return parts.map(encodeURIComponent).join('/').replace(/:/g, '%3A');
+}
+
+/**
+ * The job-hash field holding a give-up whose dead letter is not written yet (JSON: the
+ * dead-letter queue, id and record). While it is there the job is not finished: it is retried
+ * with the policy's delay, and the next try writes this same dead letter.
+ */
+const PENDING_FIELD = 'rebound:giveUp';
+
+/**
+ * Thrown by the wrapped processor instead of running the job when its runs are already used
+ * up by runs that died unanswered (a worker killed mid-run): the hook then decides for those
+ * runs, not for this start, which did not run the job.
+ */
+class WorkerLostError extends Error {
+  constructor(jobId, lostRuns) {
+    super(`job ${jobId}: ${lostRuns} run(s) ended with their worker and used up the policy's attempts`);
+    this.name = 'WorkerLost';
+    this.code = 'REBOUND_WORKER_LOST';
+    this.notRun = true;
+  }
+}
+
+/**
+ * Thrown by the wrapped processor for a job whose give-up waits for its dead letter to be
+ * written. It carries the give-up's own error message, which stays the job's failedReason.
+ */
+class PendingGiveUpError extends Error {
+  constructor(jobId, message) {
+    super(message || `job ${jobId}: gave up, its dead letter is not written yet`);
+    this.name = 'PendingGiveUp';
+    this.code = 'REBOUND_PENDING_GIVE_UP';
+    this.notRun = true;
+    this.pendingGiveUp = true;
+  }
+}
+
+async function readPending(rebound, spec, queue, jobId) {
+  if (!spec.pending) return null;
+  try {
+    const text = await withTimeout(Promise.resolve(spec.pending.get()), REDIS_TIMEOUT_MS, 'pending give-up');
+    if (!text) return null;
+    const marker = JSON.parse(text);
+    return marker && marker.id && marker.deadLetterQueue && marker.payload ? marker : null;
+  } catch (e) {
+    rebound.hookError(queue, jobId, 'pendingGiveUp', e);
+    return null;
+  }
+}
+
+/**
+ * Writes a give-up's dead letter. Counted and emitted only once it exists. When the write
+ * fails the job is not finished: the give-up is kept in the job hash and the job retried
+ * after the policy's delay (so `removeOnFail` cannot remove a job whose dead letter is
+ * missing); the next try writes the same dead letter.
+ */
+async function settleGiveUp(rebound, spec, queue, jobId, attempt, marker) {
+  try {
+    if (spec.lockHeld) {
+      const held = await withTimeout(Promise.resolve(spec.lockHeld()), REDIS_TIMEOUT_MS, 'lock check');
+      if (held === false) {
+        // A run that outlived its lock (a paused worker): the job was taken back and another
+        // run decides. The library refuses this run's result too.
+        rebound.hookError(queue, jobId, 'lockLost', new Error('the job is no longer this run\'s: no dead letter from it'));
+        return -1;
+      }
+    }
+    // Bounded: a write that never answers is retried like a refused one (same id, so a late
+    // success and the retry make one dead letter).
+    await withTimeout(Promise.resolve(spec.deadLetter(marker.deadLetterQueue, marker.id, marker.payload)), DEAD_LETTER_TIMEOUT_MS, 'dead-letter write');
+  } catch (e) {
+    rebound.hookError(queue, jobId, 'deadLetter', e);
+    if (spec.pending) {
+      try {
+        await withTimeout(Promise.resolve(spec.pending.set(JSON.stringify(marker))), REDIS_TIMEOUT_MS, 'pending give-up');
+      } catch (e2) {
+        rebound.hookError(queue, jobId, 'pendingGiveUp', e2);
+      }
+    }
+    return rebound.pendingDelayMs(queue, jobId, attempt);
+  }
+  if (spec.pending) {
+    try {
+      await withTimeout(Promise.resolve(spec.pending.clear()), REDIS_TIMEOUT_MS, 'pending give-up');
+    } catch (e) {
+      rebound.hookError(queue, jobId, 'pendingGiveUp', e);
+    }
+  }
+  rebound.counters.deadLettered++;
+  rebound.safeEmit('deadLetter', {
+    queue,
+    jobId,
+    key: jobId,
+    deadLetterQueue: marker.deadLetterQueue,
+    deadLetterJobId: marker.id,
+    reason: marker.payload.reason,
+  });
+  return -1;
 }
 
 /**
  * Runs one hook call. Never rejects: every problem is absorbed, counted and logged.
  * spec: { queue, jobId, attemptsMade, stalledRuns(failures) → number | Promise<number>, err,
- *         name, data, redis, deadLetter(dlq, jobId, payload), drop(answer) → removed:boolean }
+ *         name, data, redis, deadLetter(dlq, jobId, payload), drop(answer) → removed:boolean,
+ *         giveUpId() → string (identifies this give-up), pending: { get, set, clear } (the
+ *         job hash's PENDING_FIELD), lockHeld() → boolean (this run still holds the job) }
  * The attempt sent is the number of runs made: the library's count of failures including
  * this one, plus the runs cut short by a dead worker: runs the stalled check returned to the
  * queue AND that were started again (a stall counted while the run's own result still
- * landed, e.g. a lock that expired during a Redis outage, is no extra run).
+ * landed, e.g. a lock that expired during a Redis outage, is no extra run). A start that did
+ * not run the job (`err.notRun`, from the wrapped processor) is not a run.
  * Returns the delay in ms, or -1 to give up.
  */
 async function runHook(rebound, spec) {
   const queue = spec.queue;
   const jobId = spec.jobId === undefined || spec.jobId === null ? '' : String(spec.jobId);
+  const notRun = Boolean(spec.err && spec.err.notRun === true);
   let attempt = normaliseAttempt(spec.attemptsMade);
   try {
     try {
@@ -81,6 +191,11 @@ async function runHook(rebound, spec) {
       if (Number.isInteger(stalled) && stalled > 0) attempt = normaliseAttempt(attempt + stalled);
     } catch (e) {
       rebound.hookError(queue, jobId, 'stalledRuns', e);
+    }
+    if (notRun) attempt = normaliseAttempt(attempt - 1);
+    if (spec.err && spec.err.pendingGiveUp === true) {
+      const marker = await readPending(rebound, spec, queue, jobId);
+      if (marker) return await settleGiveUp(rebound, spec, queue, jobId, attempt, marker);
     }
     const now = Date.now();
     const memKey = `${queue}\u0000${jobId}`;
@@ -95,7 +210,7 @@ async function runHook(rebound, spec) {
     } catch (e) {
       rebound.hookError(queue, jobId, 'firstFailure', e);
     }
-    const errorClass = rebound.errorClassOf(spec.err);
+    const errorClass = spec.err instanceof WorkerLostError ? spec.err.name : rebound.errorClassOf(spec.err);
     const answer = await rebound.decide({
       queue,
       attempt,
@@ -108,51 +223,51 @@ async function runHook(rebound, spec) {
 
     forget(rebound.firstFailures, memKey);
     if (answer.disposition === 'DISPOSITION_DEAD_LETTER' && answer.deadLetterQueue) {
-      const dlqJobId = deadLetterJobId(queue, jobId);
-      const payload = {
-        format: 'rebound.dev/dead-letter/v1',
-        sourceQueue: queue,
-        sourceJobId: jobId,
-        name: spec.name ?? '',
-        data: spec.data ?? null,
-        key: jobId,
-        attempt,
-        attempts: attempt,
-        reason: answer.reason,
-        reasonMessage: answer.reasonMessage,
-        error: errorSummary(spec.err, errorClass),
-        firstFailureUnixMs: ff ?? 0,
-        deadLetteredAtUnixMs: Date.now(),
-        policy: answer.policy,
-        source: answer.source,
-      };
-      try {
-        await spec.deadLetter(answer.deadLetterQueue, dlqJobId, payload);
-        rebound.counters.deadLettered++;
-        rebound.safeEmit('deadLetter', {
-          queue,
-          jobId,
-          key: jobId,
+      // A give-up already pending (its dead letter refused, then the job ran again without
+      // the wrapped processor) keeps its one dead letter.
+      let marker = await readPending(rebound, spec, queue, jobId);
+      if (!marker) {
+        let giveUp;
+        try {
+          giveUp = spec.giveUpId ? await withTimeout(Promise.resolve(spec.giveUpId()), REDIS_TIMEOUT_MS, 'give-up id') : undefined;
+        } catch (e) {
+          rebound.hookError(queue, jobId, 'giveUpId', e);
+          giveUp = `a${normaliseAttempt(spec.attemptsMade)}`;
+        }
+        marker = {
           deadLetterQueue: answer.deadLetterQueue,
-          deadLetterJobId: dlqJobId,
-          reason: answer.reason,
-        });
-      } catch (e) {
-        // The job stays in the failed set (never removed): nothing is lost.
-        rebound.hookError(queue, jobId, 'deadLetter', e);
+          id: deadLetterJobId(queue, jobId, giveUp),
+          payload: {
+            format: 'rebound.dev/dead-letter/v1',
+            sourceQueue: queue,
+            sourceJobId: jobId,
+            name: spec.name ?? '',
+            data: spec.data ?? null,
+            key: jobId,
+            attempt,
+            attempts: attempt,
+            reason: answer.reason,
+            reasonMessage: answer.reasonMessage,
+            error: errorSummary(spec.err, errorClass),
+            firstFailureUnixMs: ff ?? 0,
+            deadLetteredAtUnixMs: Date.now(),
+            policy: answer.policy,
+            source: answer.source,
+          },
+        };
       }
-    } else {
-      // Drop. A give-up by the built-in default policy only leaves the job failed.
-      const remove = rebound.dropRemoves && answer.policySource !== 'default';
-      let removed = false;
-      try {
-        removed = remove ? await spec.drop(answer) : false;
-      } catch (e) {
-        rebound.hookError(queue, jobId, 'drop', e);
-      }
-      rebound.counters.dropped++;
-      rebound.safeEmit('drop', { queue, jobId, key: jobId, reason: answer.reason, removed });
+      return await settleGiveUp(rebound, spec, queue, jobId, attempt, marker);
     }
+    // Drop. A give-up by the built-in default policy only leaves the job failed.
+    const remove = rebound.dropRemoves && answer.policySource !== 'default';
+    let removed = false;
+    try {
+      removed = remove ? await spec.drop(answer) : false;
+    } catch (e) {
+      rebound.hookError(queue, jobId, 'drop', e);
+    }
+    rebound.counters.dropped++;
+    rebound.safeEmit('drop', { queue, jobId, key: jobId, reason: answer.reason, removed });
     return -1;
   } catch (e) {
     // A fault in the adapter itself: still the policy's answer (computed locally), never
@@ -187,4 +302,15 @@ async function replayDeadLetter(add, deadLetterJob, queue, opts) {
   return { job, key: d.key };
 }
 
-module.exports = { runHook, replayDeadLetter, firstFailure, deadLetterJobId, FIRST_FAILURE_FIELD };
+module.exports = {
+  runHook,
+  replayDeadLetter,
+  firstFailure,
+  deadLetterJobId,
+  withTimeout,
+  WorkerLostError,
+  PendingGiveUpError,
+  FIRST_FAILURE_FIELD,
+  PENDING_FIELD,
+  REDIS_TIMEOUT_MS,
+};

@@ -6,7 +6,7 @@
 const crypto = require('node:crypto');
 const { EventEmitter } = require('node:events');
 const { AdvisorClient, resolvedFromWire, policyRefFromWire, grpc } = require('./client');
-const { PreparedPolicy, decidePrepared } = require('./decide');
+const { PreparedPolicy, decidePrepared, delayForRetry, draws } = require('./decide');
 
 /** Above every valid maxAttempts (10000), so the job library's own limit never decides. */
 const LIBRARY_ATTEMPTS = 10001;
@@ -242,8 +242,11 @@ class ReboundCore extends EventEmitter {
     }
   }
 
-  /** Asks the sidecar; answers from the fallback when it cannot. Never rejects. */
-  async decide(failure) {
+  /**
+   * Asks the sidecar; answers from the fallback when it cannot. Never rejects. With
+   * `record: false` the answer is neither counted nor emitted (a look ahead, not a decision).
+   */
+  async decide(failure, { record = true } = {}) {
     let f;
     try {
       f = normaliseFailure(failure);
@@ -278,15 +281,34 @@ class ReboundCore extends EventEmitter {
       const cached = this.policies.get(f.queue);
       if (!cached || cached.ref.configHash !== answer.policy.configHash) this.refresh(f.queue);
     } catch (err) {
-      answer = this.fallback(f, err);
+      answer = this.fallback(f, err, record);
     }
-    this.count(answer);
-    this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
+    if (record) {
+      this.count(answer);
+      this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
+    }
     return answer;
   }
 
+  /**
+   * The policy's delay before another try of a give-up whose dead letter could not be
+   * written: the queue's curve at `attempt` (cached policy, else the default), with the
+   * job's own jitter, so the sidecar's and the fallback's schedules stay one.
+   */
+  pendingDelayMs(queue, jobId, attempt) {
+    const cached = this.policies.get(queue);
+    const prepared = cached ? cached.prepared : this.defaultPrepared;
+    try {
+      const id = jobId === '' ? undefined : jobId;
+      return Math.max(1, delayForRetry(prepared.params, normaliseAttempt(attempt), null, draws(id, prepared.identitySeed)));
+    } catch (e) {
+      this.hookError(queue, jobId, 'pendingDelay', e);
+      return LAST_RESORT_DELAY_MS;
+    }
+  }
+
   /** The local answer: the cached policy, else the default. */
-  fallback(f, err) {
+  fallback(f, err, record = true) {
     const cause = causeOf(err);
     const code = err && typeof err.code === 'number' ? err.code : null;
     if (cause === 'not_found') this.policies.delete(f.queue);
@@ -318,6 +340,7 @@ class ReboundCore extends EventEmitter {
     answer.policy = cached ? cached.ref : EMPTY_REF;
     answer.source = 'fallback';
     answer.policySource = cached ? 'cached' : 'default';
+    if (!record) return answer;
     const fb = this.counters.fallback;
     fb.total++;
     fb[cause]++;

@@ -110,8 +110,9 @@ async function setup(t, lib, { persist = false } = {}) {
   };
   ctx.job = async (queueName, key) => (lib === 'bull' ? ctx.queue(queueName).getJob(key) : Job.fromId(ctx.queue(queueName), key));
   ctx.deadLetter = async (key, sourceQueue) => {
-    const id = `${encodeURIComponent(sourceQueue)}/${encodeURIComponent(key)}`.replace(/:/g, '%3A');
-    return (await ctx.queue(DEAD).getJob(id)) || null;
+    const q = ctx.queue(DEAD);
+    const jobs = lib === 'bull' ? await q.getWaiting() : await q.getJobs(['wait']);
+    return jobs.find((j) => j.data.key === key && j.data.sourceQueue === sourceQueue) || null;
   };
   ctx.deadCount = async () => (lib === 'bull' ? (await ctx.queue(DEAD).getJobCounts()).waiting : ctx.queue(DEAD).count());
   ctx.worker = async (cfg) => {

@@ -123,7 +123,7 @@ for (const lib of ['bullmq', 'bull']) {
       const s = await state(key);
       if (alwaysFailing.includes(key)) {
         assert.equal(s, 'failed', key);
-        const dl = await dead.getJob(`${encodeURIComponent(QUEUE)}/${encodeURIComponent(key)}`);
+        const dl = (lib === 'bull' ? await dead.getWaiting() : await dead.getJobs(['wait'])).find((j) => j.data.key === key);
         assert.ok(dl, `${key} is in the dead-letter queue`);
         assert.equal(dl.data.key, key);
         assert.equal(dl.data.attempt, MAX_ATTEMPTS);

@@ -18,6 +18,7 @@ async function main(): Promise<void> {
   const connection = { host: '127.0.0.1', port: 6379 };
   const queue = new Queue('webhooks', { connection });
   const worker = new Worker('webhooks', async (job) => keyOf(job), { connection, settings: rebound.bullmq.settings('webhooks') });
+  new Worker('wrapped', rebound.bullmq.processor(async (job: Job) => keyOf(job)), { connection, settings: rebound.bullmq.settings('wrapped') });
   new Worker('other', async () => undefined, { connection, settings: rebound.bullmq.settings() });
   const { job, key } = await rebound.bullmq.add(queue, 'deliver', { url: 'http://x' }, { key: 'k-1', priority: 1 });
   // The job `add` returns is BullMQ's Job, typed: not `any`.

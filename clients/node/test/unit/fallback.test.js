@@ -55,6 +55,24 @@ test('closed port: the hook answers from the default policy and counts the fallb
   }
 });
 
+test('closed port: a look ahead (record: false) answers the same, neither counted nor emitted', async () => {
+  const rebound = createRebound({ target: `127.0.0.1:${await closedPort()}`, logger: false });
+  const events = [];
+  for (const ev of ['decision', 'fallback']) rebound.on(ev, (e) => events.push(e));
+  try {
+    const peek = await rebound.decide({ queue: 'q', attempt: 10, jobId: 'job-1' }, { record: false });
+    assert.equal(peek.decision, 'DECISION_GIVE_UP');
+    assert.deepEqual(events, []);
+    assert.deepEqual(rebound.metrics().fallback.total, 0);
+    assert.deepEqual(rebound.metrics().decisions.give_up_max_attempts, 0);
+    const real = await rebound.decide({ queue: 'q', attempt: 10, jobId: 'job-1' });
+    assert.deepEqual([real.decision, real.reason], [peek.decision, peek.reason]);
+    assert.equal(events.length, 2);
+  } finally {
+    await rebound.close();
+  }
+});
+
 test('missing Unix socket: the hook answers and never rejects', async () => {
   const sock = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'rebound-')), 'none.sock');
   const rebound = createRebound({ target: `unix://${sock}`, logger: false });
@@ -76,17 +94,22 @@ test('NOT_SERVING: the fallback uses the policy fetched with GetPolicy, seeded b
   try {
     assert.deepEqual((await rebound.policy('payments')).resolved, POLICY);
     const seen = [];
+    const decisions = [];
+    rebound.on('decision', (d) => decisions.push(d.decision));
     for (const attempt of [1, 2, 5, 6]) {
       const delay = await rebound.bullmq.backoffStrategy(attempt, 'rebound', failure(), job('job-3'));
       const want = decideLocal(POLICY, 'team-a/payments', attempt, { jobId: 'job-3' });
       seen.push(delay);
-      assert.equal(delay, want.decision === 'DECISION_RETRY' ? want.delayMs : -1);
+      if (want.decision === 'DECISION_RETRY') assert.equal(delay, want.delayMs);
     }
-    assert.equal(seen.at(-1), -1);
+    assert.deepEqual(decisions, ['DECISION_RETRY', 'DECISION_RETRY', 'DECISION_RETRY', 'DECISION_GIVE_UP']);
+    // The give-up found no Redis behind this job: the dead-letter write failed, so the job is
+    // not finished: it is retried after the policy's delay for that attempt, not counted.
+    assert.ok(seen.at(-1) > 0, `${seen.at(-1)}`);
+    assert.equal(seen.at(-1), rebound.pendingDelayMs('payments', 'job-3', 6));
     const m = rebound.metrics();
     assert.equal(m.fallback.unavailable, 4);
     assert.equal(m.fallback.default_policy, 0);
-    // The give-up found no Redis behind this job: the dead-letter write failed and was absorbed.
     assert.equal(m.deadLettered, 0);
     assert.equal(m.hookErrors, 1);
   } finally {

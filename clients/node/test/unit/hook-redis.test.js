@@ -67,8 +67,10 @@ test('BullMQ: attempts 1..4, one first-failure time, dead letter written once, f
     const client = await queue.getBackend().client;
     assert.equal(await client.hget(queue.toKey(key), FIRST_FAILURE_FIELD), requests[0].first_failure_unix_ms);
 
-    const dlqId = deadLetterJobId('mq-dead', key);
-    const dead = await Job.fromId(dlq, dlqId);
+    // One give-up, one dead letter: its id names the queue, the key and the give-up.
+    const [dead, ...more] = (await dlq.getJobs(['wait'])).filter((j) => j.data.key === key);
+    assert.equal(more.length, 0);
+    assert.equal(dead.id, deadLetterJobId('mq-dead', key, `${job.timestamp}.4`));
     assert.ok(dead, 'dead-letter job');
     assert.equal(dead.name, 'charge');
     assert.deepEqual(
@@ -190,7 +192,7 @@ test('Bull 4: attempts 1..3 with the job id from backoff.options, dead letter, d
     assert.deepEqual(new Set(requests.map((r) => r.job_id)), new Set([key]));
     assert.equal(new Set(requests.map((r) => r.first_failure_unix_ms)).size, 1);
     assert.equal(await (await dead.getJob(key)).getState(), 'failed');
-    const record = await dlq.getJob(deadLetterJobId('bull-dead', key));
+    const record = await dlq.getJob(deadLetterJobId('bull-dead', key, `${job.timestamp}.3`));
     assert.ok(record, 'dead-letter job');
     assert.equal(record.name, 'bill');
     assert.deepEqual(record.data.data, { n: 7 });

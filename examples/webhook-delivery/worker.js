@@ -41,7 +41,8 @@ function startWorker({ redisUrl, rebound, timeoutMs = 1000, concurrency = 16, on
   rebound ||= new Rebound({ errorClass });
   const worker = new Worker(
     QUEUE,
-    async (job) => {
+    // Runs killed with their worker count as attempts (the adapter's fault guarantees).
+    rebound.bullmq.processor(async (job) => {
       const seen = { key: keyOf(job), attempt: job.attemptsMade + 1, status: 0, errorClass: '' };
       try {
         const res = await fetch(job.data.url, {
@@ -60,7 +61,7 @@ function startWorker({ redisUrl, rebound, timeoutMs = 1000, concurrency = 16, on
       } finally {
         onAttempt(seen);
       }
-    },
+    }),
     // The queue's policy is fetched now, as the Worker is created (the fallback's copy).
     { connection: connection(redisUrl), concurrency, settings: rebound.bullmq.settings(QUEUE) },
   );

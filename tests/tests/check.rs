@@ -4,10 +4,13 @@
 //! each named, with exit code 1.
 //!
 //! There is no kubelet: Pods are API objects, and the Leases and the operator's status are
-//! written as the sidecars and the Deployment controller would write them. Each run uses
+//! written as the sidecars and the Deployment controller would write them; the last test
+//! runs a real operator and a real sidecar in watch mode for one such Pod instead. Each run uses
 //! a release of its own (name and namespace), so nothing of another test is looked at.
 
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -16,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use rebound_test_support::workspace_binary;
+use rebound_test_support::{eventually, free_port, workspace_binary};
 use rebound_tests::helm::{Helm, chart_dir, manifests};
 use rebound_tests::{TestEnv, unique_name};
 use serde_json::{Value, json};
@@ -383,6 +386,126 @@ async fn check_passes_a_healthy_release_and_names_what_is_wrong() -> Result<()> 
     ensure!(
         report["ok"] == false && report["summary"]["fail"] == 1,
         "{report:#}"
+    );
+    Ok(())
+}
+
+/// A process killed when the test ends, whatever happens.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(env: &TestEnv, binary: &str, args: &[String]) -> Result<Running> {
+    let log =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(binary)));
+    let child = Command::new(workspace_binary(binary)?)
+        .env("KUBECONFIG", env.cluster.kubeconfig())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {binary} (log {})", log.display()))?;
+    Ok(Running(child))
+}
+
+fn policy(base: &str) -> String {
+    format!(
+        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: orders}}\nspec:\n  queues: [orders]\n  backoff: {{strategy: constant, base: {base}, jitter: {{kind: none}}}}\n  maxAttempts: 5\n"
+    )
+}
+
+/// Waits until `rebound check -n NS` passes with the Pod serving the ConfigMap's hash
+/// `not` is not; returns that hash.
+async fn passes(env: &TestEnv, release: &str, rns: &str, ns: &str, not: &str) -> Result<String> {
+    let object = format!("pod/{ns}/worker");
+    eventually(
+        "rebound check to pass on the live sidecar",
+        Duration::from_secs(60),
+        || async {
+            let (code, report) = check(env, release, rns, &["-n", ns])?;
+            let v = verdict(&report, "pod.config", &object)?;
+            let hash = v["actual"].as_str().unwrap_or_default().to_owned();
+            Ok(
+                (code == 0 && v["status"] == "ok" && !hash.is_empty() && hash != not)
+                    .then_some(hash),
+            )
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_sidecar_publishes_the_configuration_it_serves() -> Result<()> {
+    let env = TestEnv::new("check-live").await?;
+    let release = unique_name("chk");
+    let rns = env.namespace.clone();
+    let _release = Release {
+        cluster: env.cluster,
+        name: release.clone(),
+    };
+    install(&env.client, &release, &rns).await?;
+    let ns = env
+        .cluster
+        .create_namespace(&env.client, "check-live-w")
+        .await?;
+    env.cluster
+        .kubectl_stdin(["-n", &ns, "apply", "-f", "-"], &policy("1s"))?
+        .ok()?;
+    apply(&env.client, &json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "worker", "namespace": ns, "labels": {"rebound.dev/injected": "true"}},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "initContainers": [{"name": "rebound-sidecar", "image": NEW_IMAGE, "restartPolicy": "Always"}],
+            "containers": [{"name": "worker", "image": "example/worker:1.0"}],
+        },
+    }))
+    .await?;
+    // The operator compiles and binds; the sidecar of Pod "worker" serves and holds its Lease.
+    let _operator = spawn(
+        &env,
+        "rebound-operator",
+        &[
+            format!("--namespaces={ns}"),
+            "--leader-elect=false".into(),
+            format!("--metrics-addr={}", free_port()?),
+            "--sidecar-cluster-role=rebound-sidecar".into(),
+        ],
+    )?;
+    let _sidecar = spawn(
+        &env,
+        "rebound-sidecar",
+        &[
+            format!("--configmap={ns}/rebound-policies"),
+            "--pod-name=worker".into(),
+            format!("--listen={}", free_port()?),
+            "--no-admin".into(),
+        ],
+    )?;
+
+    let first = passes(&env, &release, &rns, &ns, "").await?;
+    // A policy change: the operator's new hash, and the sidecar's Lease following it.
+    env.cluster
+        .kubectl_stdin(["-n", &ns, "apply", "-f", "-"], &policy("2s"))?
+        .ok()?;
+    let second = passes(&env, &release, &rns, &ns, &first).await?;
+    let configmap: k8s_openapi::api::core::v1::ConfigMap = Api::namespaced(env.client.clone(), &ns)
+        .get("rebound-policies")
+        .await?;
+    let latest = configmap
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove("rebound.dev/hash");
+    ensure!(
+        latest.as_deref() == Some(second.as_str()),
+        "{latest:?} != {second}"
     );
     Ok(())
 }

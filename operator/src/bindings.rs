@@ -32,6 +32,8 @@ use crate::objects::policy_resource;
 pub const BINDING_NAME: &str = "rebound-sidecar";
 /// The label the admission policy puts on injected Pods.
 pub const INJECTED_SELECTOR: &str = "rebound.dev/injected=true";
+/// List page size of both watches.
+const PAGE: u32 = 100;
 /// How soon a failed apply is tried again.
 const RETRY: Duration = Duration::from_secs(5);
 
@@ -96,12 +98,15 @@ pub async fn run(
             ),
         };
         streams.push(
-            watcher(policies, watcher::Config::default())
+            watcher(policies, watcher::Config::default().page_size(PAGE))
                 .backoff(WatchBackoff::new("bindings/policies".to_owned()))
                 .map(namespace_of)
                 .boxed(),
         );
-        let pods_config = watcher::Config::default().labels(INJECTED_SELECTOR);
+        // Small pages: only one page of Pod metadata is decoded at a time.
+        let pods_config = watcher::Config::default()
+            .labels(INJECTED_SELECTOR)
+            .page_size(PAGE);
         streams.push(
             watcher(pods, pods_config)
                 .backoff(WatchBackoff::new("bindings/pods".to_owned()))
@@ -141,8 +146,9 @@ pub async fn run(
                     debug!(namespace = %ns, "sidecar RoleBinding applied");
                     bound.insert(ns);
                 }
-                Err(kube::Error::Api(status)) if status.code == 404 => {
+                Err(kube::Error::Api(status)) if status.code == 404 || terminating(&status) => {
                     // The namespace is gone (or going): nothing to bind until it is seen again.
+                    debug!(namespace = %ns, "namespace gone or terminating; not bound");
                     seen.remove(&ns);
                 }
                 Err(e) => {
@@ -153,6 +159,14 @@ pub async fn run(
         }
     }
     info!("sidecar bindings stopped");
+}
+
+/// Whether the API refused a write because the namespace is being deleted.
+fn terminating(status: &kube::core::Status) -> bool {
+    status
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }
 
 /// The namespace of a watched object's event, `None` for events that carry none.

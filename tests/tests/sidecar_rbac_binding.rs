@@ -1,7 +1,7 @@
 //! The sidecars' RBAC appears without YAML, on the real API server: the operator, running
 //! as its ServiceAccount with the RBAC of deploy/rbac.yaml, binds the sidecar ClusterRole
 //! in a namespace with an injected Pod and in one with a RetryPolicy (not in one with
-//! neither); a Pod-bound token there reads only its namespace's compiled ConfigMap and
+//! neither, nor in its own); a Pod-bound token there reads only its namespace's compiled ConfigMap and
 //! writes only its own Lease; and the operator's ServiceAccount can bind nothing else.
 
 use std::path::PathBuf;
@@ -69,11 +69,13 @@ fn token_kubeconfig(env: &TestEnv, token: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn spawn_operator(kubeconfig: &PathBuf, namespaces: &[&str]) -> Result<Running> {
+/// The operator, watching `namespaces`, as if its Pod ran in `own`.
+fn spawn_operator(kubeconfig: &PathBuf, own: &str, namespaces: &[&str]) -> Result<Running> {
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{}.log", unique_name("rebound-operator")));
     let child = Command::new(workspace_binary("rebound-operator")?)
         .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAMESPACE", own)
         .args([
             format!("--namespaces={}", namespaces.join(",")),
             "--leader-elect=false".to_owned(),
@@ -192,6 +194,7 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     let with_pod = env.namespace.clone();
     let with_policy = env.cluster.create_namespace(client, "bind-policy").await?;
     let neither = env.cluster.create_namespace(client, "bind-none").await?;
+    let own = env.cluster.create_namespace(client, "bind-own").await?;
     for file in ["deploy/rbac.yaml", "deploy/admission.yaml"] {
         let path = repo_root().join(file);
         env.cluster
@@ -199,10 +202,19 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
             .ok()?;
     }
 
+    // In the operator's own namespace, there before it starts (so in its first list, ahead
+    // of every event below): never bound.
+    let (a, b) = (unique_name("worker-a"), unique_name("worker-b"));
+    injected_pod(client, &own, &a, "worker").await?;
+
     // The operator as its ServiceAccount: what deploy/rbac.yaml grants, nothing more.
     let operator_token = token(client, OPERATOR_NS, OPERATOR_SA, None).await?;
     let kubeconfig = token_kubeconfig(&env, &operator_token)?;
-    let _operator = spawn_operator(&kubeconfig, &[&with_pod, &with_policy, &neither])?;
+    let _operator = spawn_operator(
+        &kubeconfig,
+        &own,
+        &[&with_pod, &with_policy, &neither, &own],
+    )?;
 
     let sa = ServiceAccount {
         metadata: ObjectMeta {
@@ -214,7 +226,6 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     Api::<ServiceAccount>::namespaced(client.clone(), &with_pod)
         .create(&PostParams::default(), &sa)
         .await?;
-    let (a, b) = (unique_name("worker-a"), unique_name("worker-b"));
     let pod_a = injected_pod(client, &with_pod, &a, "worker").await?;
     injected_pod(client, &with_pod, &b, "worker").await?;
     let policy = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: orders}\nspec:\n  queues: [orders]\n  backoff: {strategy: constant, base: 1s, jitter: {kind: none}}\n  maxAttempts: 5\n";
@@ -224,13 +235,12 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
 
     ensure_binds_sidecars(&wait_for_binding(client, &with_pod).await?, &with_pod)?;
     ensure_binds_sidecars(&wait_for_binding(client, &with_policy).await?, &with_policy)?;
-    let none = Api::<RoleBinding>::namespaced(client.clone(), &neither)
-        .get_opt(ROLE)
-        .await?;
-    ensure!(
-        none.is_none(),
-        "a RoleBinding in a namespace without sidecars"
-    );
+    for ns in [&neither, &own] {
+        let none = Api::<RoleBinding>::namespaced(client.clone(), ns)
+            .get_opt(ROLE)
+            .await?;
+        ensure!(none.is_none(), "a RoleBinding in {ns}");
+    }
 
     // A Pod-bound token of the worker's ServiceAccount, as the injected sidecar gets it.
     for name in [CM, "app-settings"] {

@@ -83,9 +83,15 @@ async fn service_account_does_its_job_and_nothing_more() -> Result<()> {
         (vec!["bind", "clusterroles/rebound-sidecar"], true),
         (vec!["bind", "clusterroles/admin"], false),
         (vec!["create", "rolebindings", "-n", ns], true),
-        (vec!["patch", "rolebindings/rebound-sidecar", "-n", ns], true),
+        (
+            vec!["patch", "rolebindings/rebound-sidecar", "-n", ns],
+            true,
+        ),
         (vec!["patch", "rolebindings/other", "-n", ns], false),
-        (vec!["delete", "rolebindings/rebound-sidecar", "-n", ns], false),
+        (
+            vec!["delete", "rolebindings/rebound-sidecar", "-n", ns],
+            false,
+        ),
         (vec!["create", "clusterrolebindings"], false),
         (vec!["watch", "retrypolicies.rebound.dev", "-A"], true),
         (

@@ -11,6 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod args;
 mod ask;
+mod check;
 mod complete;
 mod diff;
 mod explain;
@@ -75,6 +76,10 @@ enum Command {
     Ask(ask::Args),
     /// Print a shell completion script.
     Completion(complete::Args),
+    /// Is Rebound healthy here (CRD, operator, admission policies, injection parameters) and
+    /// is every injected Pod current (sidecar image, configuration, fleet Lease)? One
+    /// verdict per line, or -o json; exit 1 when anything failed.
+    Check(check::Args),
 }
 
 /// The command name users type: `kubectl rebound` when run as the kubectl plugin.
@@ -150,5 +155,6 @@ fn run(cli: Cli, name: &str) -> Result<ExitCode> {
         }
         Command::Ask(args) => ask::run(cluster, &args),
         Command::Completion(args) => complete::script(&args, &mut Cli::command(), name),
+        Command::Check(args) => check::run(cluster, &args),
     }
 }

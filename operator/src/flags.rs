@@ -59,6 +59,12 @@ pub struct Flags {
     #[arg(long, env = "REBOUND_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
 
+    /// ClusterRole bound (RoleBinding `rebound-sidecar`) to the ServiceAccounts of every
+    /// namespace with RetryPolicies or injected Pods, so watch-mode sidecars need no RBAC
+    /// YAML; empty: no bindings. The chart passes `<release>-sidecar`.
+    #[arg(long, env = "REBOUND_SIDECAR_CLUSTER_ROLE")]
+    pub sidecar_cluster_role: Option<String>,
+
     /// Log format.
     #[arg(long, env = "REBOUND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,

@@ -7,6 +7,7 @@
 //! [`controller`] do the I/O.
 
 pub mod backoff;
+pub mod bindings;
 pub mod cache;
 pub mod configmap;
 pub mod context;

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use anyhow::{Context as _, anyhow};
 use clap::Parser;
 use futures::FutureExt;
-use rebound_operator::{Flags, controller, events::Events, http, leader, metrics::Metrics};
+use rebound_operator::{
+    Flags, bindings, controller, events::Events, http, leader, metrics::Metrics,
+};
 use rebound_runtime::{LogFormat, Logging, StopSignal, StopSignals};
 use tokio::sync::watch;
 use tracing::info;
@@ -49,14 +51,17 @@ async fn run() -> anyhow::Result<()> {
     let lead: leader::Lead = {
         let (client, flags, metrics) = (client.clone(), flags.clone(), metrics.clone());
         Box::new(move |stop| {
-            controller::run(
+            // The leader also keeps the sidecars' RoleBindings; both stop with the term.
+            let stop = stop.shared();
+            let compile = controller::run(
                 client.clone(),
                 flags.clone(),
                 metrics.clone(),
                 events.clone(),
-                stop,
-            )
-            .boxed()
+                stop.clone(),
+            );
+            let bind = bindings::run(client.clone(), flags.clone(), stop);
+            futures::future::join(compile, bind).map(|_| ()).boxed()
         })
     };
     leader::run(client, flags, metrics, stop_rx, lead).await?;

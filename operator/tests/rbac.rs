@@ -77,7 +77,22 @@ async fn service_account_does_its_job_and_nothing_more() -> Result<()> {
         (vec!["update", "retrypolicies.rebound.dev", "-n", ns], false),
         (vec!["patch", "retrypolicies.rebound.dev", "-n", ns], false),
         (vec!["delete", "retrypolicies.rebound.dev", "-n", ns], false),
-        (vec!["list", "pods", "-A"], false),
+        // Injected Pods are watched (metadata only, by label) to bind the sidecar role.
+        (vec!["list", "pods", "-A"], true),
+        (vec!["get", "pods", "-n", ns], false),
+        (vec!["bind", "clusterroles/rebound-sidecar"], true),
+        (vec!["bind", "clusterroles/admin"], false),
+        (vec!["create", "rolebindings", "-n", ns], true),
+        (
+            vec!["patch", "rolebindings/rebound-sidecar", "-n", ns],
+            true,
+        ),
+        (vec!["patch", "rolebindings/other", "-n", ns], false),
+        (
+            vec!["delete", "rolebindings/rebound-sidecar", "-n", ns],
+            false,
+        ),
+        (vec!["create", "clusterrolebindings"], false),
         (vec!["watch", "retrypolicies.rebound.dev", "-A"], true),
         (
             vec![

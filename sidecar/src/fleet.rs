@@ -24,7 +24,8 @@ use kube::{
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::fleet_share::{BudgetScope, FleetShare};
-use membership::{CONFIGMAP_LABEL, LABELS, View};
+use crate::store::Store;
+use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, View};
 
 /// The field manager of the sidecar's server-side applies of its Lease.
 pub const FIELD_MANAGER: &str = "rebound-sidecar";
@@ -62,8 +63,9 @@ impl FleetConfig {
         membership::lease_name(&self.pod)
     }
 
-    /// The Lease as this sidecar applies it, renewed at `renewed`.
-    fn lease(&self, renewed: Timestamp, acquired: Timestamp) -> Lease {
+    /// The Lease as this sidecar applies it, renewed at `renewed`, with the hash of the
+    /// configuration it serves (for `rebound check`) once one is loaded.
+    fn lease(&self, renewed: Timestamp, acquired: Timestamp, hash: Option<&str>) -> Lease {
         let mut labels: BTreeMap<String, String> = LABELS
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -74,6 +76,8 @@ impl FleetConfig {
                 name: Some(self.lease_name()),
                 namespace: Some(self.namespace.clone()),
                 labels: Some(labels),
+                annotations: hash
+                    .map(|h| BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_owned(), h.to_owned())])),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -114,7 +118,12 @@ impl Fleet {
     /// duration) until the first membership is known, so the first budgeted answers
     /// already book this sidecar's share. Until then, and if the wait times out, the
     /// share is the whole budget of a fleet of one, flagged stale.
-    pub async fn start(client: Client, config: FleetConfig, share: Arc<FleetShare>) -> Self {
+    pub async fn start(
+        client: Client,
+        config: FleetConfig,
+        share: Arc<FleetShare>,
+        store: Arc<Store>,
+    ) -> Self {
         let api: Api<Lease> = Api::namespaced(client, &config.namespace);
         share.set(BudgetScope::Fleet(
             rebound_policy::retry_budget::SlotShare::WHOLE,
@@ -136,6 +145,8 @@ impl Fleet {
             acquired: Timestamp::now(),
             view: None,
             known: known_tx,
+            store,
+            published: None,
         };
         let task = tokio::spawn(member.run());
         if tokio::time::timeout(config.lease_duration, known.wait_for(|k| *k))
@@ -160,7 +171,7 @@ impl Fleet {
         let past = Timestamp::now()
             .checked_sub(self.config.lease_duration + Duration::from_secs(1))
             .unwrap_or(Timestamp::UNIX_EPOCH);
-        let body = self.config.lease(past, past);
+        let body = self.config.lease(past, past, None);
         let name = self.config.lease_name();
         let (params, body) = (
             PatchParams::apply(FIELD_MANAGER).force(),
@@ -201,6 +212,10 @@ struct Member {
     acquired: Timestamp,
     view: Option<View>,
     known: watch::Sender<bool>,
+    /// The configuration served, whose hash the Lease carries.
+    store: Arc<Store>,
+    /// The hash in the Lease as last renewed.
+    published: Option<String>,
 }
 
 impl Member {
@@ -219,7 +234,12 @@ impl Member {
         loop {
             tokio::select! {
                 _ = renew.tick() => self.renew().await,
-                _ = tick.tick() => {}
+                _ = tick.tick() => {
+                    // A new configuration shows in the Lease within a tick, not a renewal.
+                    if self.renew_ok && self.current_hash() != self.published {
+                        self.renew().await;
+                    }
+                }
                 event = events.try_next() => match event {
                     Ok(Some(event)) => self.event(event),
                     Ok(None) => return,
@@ -230,9 +250,14 @@ impl Member {
         }
     }
 
+    fn current_hash(&self) -> Option<String> {
+        self.store.current().map(|loaded| loaded.hash().to_owned())
+    }
+
     async fn renew(&mut self) {
         let now = Timestamp::now();
-        let body = self.config.lease(now, self.acquired);
+        let hash = self.current_hash();
+        let body = self.config.lease(now, self.acquired, hash.as_deref());
         let (params, body) = (
             PatchParams::apply(FIELD_MANAGER).force(),
             Patch::Apply(&body),
@@ -245,6 +270,7 @@ impl Member {
         };
         match result {
             Ok(()) => {
+                self.published = hash;
                 self.share
                     .set_renewed_ms(u64::try_from(now.as_millisecond()).unwrap_or(0));
                 if !self.renew_ok {

@@ -266,7 +266,8 @@ async fn configmap(
             lease_duration_s = lease_duration.as_secs(),
             "retry budgets are split among the sidecars serving the ConfigMap"
         );
-        fleet = Some(Fleet::start(client.clone(), config, fleet_share).await);
+        let loaded = Arc::clone(&store);
+        fleet = Some(Fleet::start(client.clone(), config, fleet_share, loaded).await);
     }
     let source = ConfigMapSource::new(target, Some(key));
     Ok((tokio::spawn(source.run(client, store)), fleet))

@@ -11,6 +11,9 @@ use rebound_policy::retry_budget::SlotShare;
 pub const PREFIX: &str = "rebound-sidecar-";
 /// The label of a sidecar Lease naming the ConfigMap it serves.
 pub const CONFIGMAP_LABEL: &str = "rebound.dev/configmap";
+/// The annotation of a sidecar Lease with the hash of the configuration it serves (the
+/// operator's `rebound.dev/hash` of the ConfigMap, once loaded).
+pub const CONFIG_HASH_ANNOTATION: &str = "rebound.dev/config-hash";
 /// The labels every sidecar Lease carries, besides [`CONFIGMAP_LABEL`].
 pub const LABELS: [(&str, &str); 2] = [
     ("app.kubernetes.io/name", "rebound"),

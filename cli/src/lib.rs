@@ -14,6 +14,7 @@ mod ask;
 mod complete;
 mod diff;
 mod explain;
+pub mod inject;
 mod input;
 mod load;
 mod output;
@@ -75,6 +76,9 @@ enum Command {
     Ask(ask::Args),
     /// Print a shell completion script.
     Completion(complete::Args),
+    /// Add the Rebound sidecar to the Pod templates of manifests annotated
+    /// rebound.dev/inject: "true", exactly as the chart's admission policy does.
+    Inject(inject::Args),
 }
 
 /// The command name users type: `kubectl rebound` when run as the kubectl plugin.
@@ -150,5 +154,6 @@ fn run(cli: Cli, name: &str) -> Result<ExitCode> {
         }
         Command::Ask(args) => ask::run(cluster, &args),
         Command::Completion(args) => complete::script(&args, &mut Cli::command(), name),
+        Command::Inject(args) => inject::run(&args),
     }
 }

@@ -49,9 +49,11 @@ fn cond(c: Cond) -> &'static str {
     }
 }
 
-/// CEL for a piece of `spec`: maps and lists as literals, one map field per line.
-fn cel(t: &T, indent: usize) -> String {
+/// CEL for a piece of `spec` whose schema type is `ty` (`Object.spec.initContainers`):
+/// objects are typed (CEL refuses maps of mixed values), one field per line.
+fn cel(t: &T, ty: &str, indent: usize) -> String {
     let pad = "  ".repeat(indent + 1);
+    let close = "  ".repeat(indent);
     match t {
         T::Str(s) => quote(s),
         T::Int(i) => i.to_string(),
@@ -59,21 +61,28 @@ fn cel(t: &T, indent: usize) -> String {
         T::Var(v) => format!("variables.{}", spec::setting(*v).name),
         T::Cat(parts) => parts
             .iter()
-            .map(|p| cel(p, indent))
+            .map(|p| cel(p, ty, indent))
             .collect::<Vec<_>>()
             .join(" + "),
         T::Map(fields) => {
             let body: Vec<String> = fields
                 .iter()
-                .map(|(k, v)| format!("{pad}{}: {}", quote(k), cel(v, indent + 1)))
+                .map(|(k, v)| format!("{pad}{k}: {}", cel(v, &format!("{ty}.{k}"), indent + 1)))
                 .collect();
-            format!("{{\n{}\n{}}}", body.join(",\n"), "  ".repeat(indent))
+            format!("{ty}{{\n{}\n{close}}}", body.join(",\n"))
+        }
+        T::Dict(fields) => {
+            let body: Vec<String> = fields
+                .iter()
+                .map(|(k, v)| format!("{}: {}", quote(k), cel(v, ty, indent + 1)))
+                .collect();
+            format!("{{{}}}", body.join(", "))
         }
         T::List(items) => {
             let mut parts = Vec::new();
             let mut run: Vec<String> = Vec::new();
             for (c, item) in items {
-                let text = cel(item, indent);
+                let text = cel(item, ty, indent);
                 match c {
                     None => run.push(text),
                     Some(c) => {
@@ -97,14 +106,32 @@ fn annotation(key: &str) -> String {
     format!("object.metadata.?annotations[?{}]", quote(key))
 }
 
-/// Asked for by the Pod's annotation, or by its namespace's label unless opted out.
-fn candidate() -> String {
-    let a = annotation(spec::INJECT);
-    format!(
-        "{a}.hasValue() ? {a}.value() != 'false' :\n  \
-         namespaceObject.metadata.?labels[?{}].orValue('') == 'enabled'",
-        quote(spec::NAMESPACE_LABEL)
-    )
+/// Who asks for injection. The namespace label is matched by a binding's
+/// namespaceSelector (match conditions do not see the namespace), so each way of asking
+/// has its policies and bindings, from the same code.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// `rebound.dev/inject` on the Pod, other than "false".
+    Annotation,
+    /// No `rebound.dev/inject` on the Pod, in a namespace labelled rebound.dev/inject=enabled.
+    Namespace,
+}
+
+impl Scope {
+    fn suffix(self) -> &'static str {
+        match self {
+            Scope::Annotation => "inject",
+            Scope::Namespace => "inject-namespace",
+        }
+    }
+
+    fn asked(self) -> String {
+        let a = annotation(spec::INJECT);
+        match self {
+            Scope::Annotation => format!("{a}.hasValue() && {a}.value() != 'false'"),
+            Scope::Namespace => format!("!{a}.hasValue()"),
+        }
+    }
 }
 
 /// Not injected yet: no injected label, no sidecar among the init containers.
@@ -160,6 +187,25 @@ fn checks() -> Vec<Check> {
     out
 }
 
+/// Last: a Pod that asked, has valid overrides and still reached validation without the
+/// sidecar was not injected (no parameters, no mutating policy): refused, never started
+/// without its sidecar.
+fn missing_sidecar(flavor: &Flavor) -> Check {
+    Check {
+        expression: format!(
+            "object.spec.?initContainers.orValue([]).exists(c, c.name == {})",
+            quote(spec::SIDECAR)
+        ),
+        message: quote(&format!(
+            "{}: the sidecar was not injected: the parameters (ConfigMap {}/{}) or the \
+             MutatingAdmissionPolicy are missing",
+            spec::INJECT,
+            flavor.namespace(),
+            spec::PARAMS_CONFIGMAP
+        )),
+    }
+}
+
 /// Each setting: the annotation, else the parameter, else the default.
 fn setting_expression(s: &spec::Setting) -> String {
     let mut value = quote(s.default);
@@ -172,29 +218,35 @@ fn setting_expression(s: &spec::Setting) -> String {
     value
 }
 
+/// Creates each missing list or map first, so that every addition has one path.
 fn json_patch() -> String {
     let add =
         |path: &str, value: &str| format!("JSONPatch{{op: 'add', path: '{path}', value: {value}}}");
-    format!(
-        "(has(object.spec.initContainers) ?\n  [{}] :\n  [{}]) +\n\
-         (has(object.spec.volumes) ?\n  variables.volumes.map(v, {}) :\n  [{}]) +\n\
-         (has(object.metadata.labels) ?\n  [{}] :\n  [{}]) +\n\
-         (has(object.metadata.annotations) ?\n  [{}] :\n  [{}])",
-        add("/spec/initContainers/0", "variables.sidecar"),
-        add("/spec/initContainers", "[variables.sidecar]"),
-        add("/spec/volumes/-", "v"),
-        add("/spec/volumes", "variables.volumes"),
-        add("/metadata/labels/rebound.dev~1injected", "'true'"),
-        add("/metadata/labels", "{'rebound.dev/injected': 'true'}"),
-        add(
-            "/metadata/annotations/rebound.dev~1sidecar-image",
-            "variables.image"
+    let ensure = |field: &str, path: &str, empty: &str| {
+        format!("(has({field}) ? [] : [{}])", add(path, empty))
+    };
+    let sidecar = cel(&spec::sidecar(), "Object.spec.initContainers", 1);
+    let volumes = cel(&spec::volumes(), "Object.spec.volumes", 1);
+    [
+        ensure("object.spec.initContainers", "/spec/initContainers", "[]"),
+        format!("[{}]", add("/spec/initContainers/0", &sidecar)),
+        ensure("object.spec.volumes", "/spec/volumes", "[]"),
+        format!("({volumes}).map(v, {})", add("/spec/volumes/-", "v")),
+        ensure("object.metadata.labels", "/metadata/labels", "{}"),
+        format!(
+            "[{}]",
+            add("/metadata/labels/rebound.dev~1injected", "'true'")
         ),
-        add(
-            "/metadata/annotations",
-            "{'rebound.dev/sidecar-image': variables.image}"
+        ensure("object.metadata.annotations", "/metadata/annotations", "{}"),
+        format!(
+            "[{}]",
+            add(
+                "/metadata/annotations/rebound.dev~1sidecar-image",
+                "variables.image"
+            )
         ),
-    )
+    ]
+    .join(" +\n")
 }
 
 /// The app containers: `REBOUND_TARGET` unless set, the socket mount unless the path is
@@ -240,7 +292,7 @@ fn header(out: &mut String, flavor: &Flavor, kind: &str, name: &str) {
     );
 }
 
-fn exclusions(out: &mut String, flavor: &Flavor) {
+fn exclusions(out: &mut String, flavor: &Flavor, scope: Scope) {
     let _ = writeln!(
         out,
         "  # Never in kube-system nor in Rebound's own namespace.\n  matchResources:\n    \
@@ -248,11 +300,18 @@ fn exclusions(out: &mut String, flavor: &Flavor) {
          operator: NotIn\n          values: [kube-system, {}]",
         flavor.namespace()
     );
+    if let Scope::Namespace = scope {
+        let _ = writeln!(
+            out,
+            "        - key: {}\n          operator: In\n          values: [enabled]",
+            spec::NAMESPACE_LABEL
+        );
+    }
 }
 
-/// The four manifests (policies and bindings) as one multi-document YAML text.
+/// The four manifests (policies and bindings) of both scopes as one multi-document YAML
+/// text.
 pub fn manifests(flavor: &Flavor) -> String {
-    let prefix = flavor.prefix();
     let mut out = String::new();
     if let Flavor::Chart = flavor {
         out.push_str("{{- if .Values.injection.enabled }}\n");
@@ -262,15 +321,26 @@ pub fn manifests(flavor: &Flavor) -> String {
          # do not edit. Injects the sidecar into Pods annotated rebound.dev/inject: \"true\" (or\n\
          # in namespaces labelled rebound.dev/inject=enabled) inside the API server, with the\n\
          # parameters of the ConfigMap rebound-injection. Only such Pods match: others are\n\
-         # never touched, so failurePolicy Fail blocks nothing else; an annotated Pod is\n\
-         # refused when the parameters are missing rather than started without its sidecar.\n",
+         # never touched, so failurePolicy Fail blocks nothing else. Parameters missing: the\n\
+         # binding is skipped (parameterNotFoundAction: Allow; Deny would refuse every Pod,\n\
+         # as params are resolved before matchConditions) and the ValidatingAdmissionPolicy\n\
+         # refuses the annotated Pod rather than let it start without its sidecar.\n",
     );
-    header(
-        &mut out,
-        flavor,
-        "MutatingAdmissionPolicy",
-        &format!("{prefix}-inject"),
-    );
+    let docs: Vec<String> = [Scope::Annotation, Scope::Namespace]
+        .into_iter()
+        .map(|scope| scoped(flavor, scope))
+        .collect();
+    out.push_str(&docs.join("---\n"));
+    if let Flavor::Chart = flavor {
+        out.push_str("{{- end }}\n");
+    }
+    out
+}
+
+fn scoped(flavor: &Flavor, scope: Scope) -> String {
+    let name = format!("{}-{}", flavor.prefix(), scope.suffix());
+    let mut out = String::new();
+    header(&mut out, flavor, "MutatingAdmissionPolicy", &name);
     out.push_str(
         "spec:\n  failurePolicy: Fail\n  reinvocationPolicy: Never\n  paramKind:\n    \
          apiVersion: v1\n    kind: ConfigMap\n",
@@ -281,13 +351,13 @@ pub fn manifests(flavor: &Flavor) -> String {
         .into_iter()
         .map(|c| format!("({})", c.expression))
         .collect();
-    for (name, expression) in [
-        ("asked", candidate()),
+    for (condition, expression) in [
+        ("asked", scope.asked()),
         ("not-injected", not_injected()),
         // Malformed overrides are left to the ValidatingAdmissionPolicy, which names them.
         ("overrides-valid", valid.join(" &&\n")),
     ] {
-        let _ = writeln!(out, "    - name: {name}");
+        let _ = writeln!(out, "    - name: {condition}");
         block(&mut out, 6, "expression", &expression);
     }
     out.push_str("  variables:\n");
@@ -300,50 +370,42 @@ pub fn manifests(flavor: &Flavor) -> String {
         quote(spec::UNIX_TARGET),
         quote(spec::TCP_TARGET)
     );
-    for (name, expression) in [
-        ("target", target),
-        ("sidecar", cel(&spec::sidecar(), 0)),
-        ("volumes", cel(&spec::volumes(), 0)),
-    ] {
-        let _ = writeln!(out, "    - name: {name}");
-        block(&mut out, 6, "expression", &expression);
-    }
-    out.push_str("  mutations:\n    # The sidecar first among the init containers: a JSON patch keeps the order.\n");
+    out.push_str("    - name: target\n");
+    block(&mut out, 6, "expression", &target);
+    out.push_str(
+        "  mutations:\n    # The sidecar first among the init containers: a JSON patch keeps the order.\n",
+    );
     out.push_str("    - patchType: JSONPatch\n      jsonPatch:\n");
     block(&mut out, 8, "expression", &json_patch());
     out.push_str("    - patchType: ApplyConfiguration\n      applyConfiguration:\n");
     block(&mut out, 8, "expression", &apply_containers());
     out.push_str("---\n");
-    header(
-        &mut out,
-        flavor,
-        "MutatingAdmissionPolicyBinding",
-        &format!("{prefix}-inject"),
-    );
+    header(&mut out, flavor, "MutatingAdmissionPolicyBinding", &name);
     let _ = writeln!(
         out,
-        "spec:\n  policyName: {prefix}-inject\n  paramRef:\n    name: {}\n    namespace: {}\n    \
-         parameterNotFoundAction: Deny",
+        "spec:\n  policyName: {name}\n  paramRef:\n    name: {}\n    namespace: {}\n    \
+         parameterNotFoundAction: Allow",
         spec::PARAMS_CONFIGMAP,
         flavor.namespace()
     );
-    exclusions(&mut out, flavor);
-    out.push_str("---\n# Refuses Pods asking for injection with an unknown or malformed rebound.dev/*\n# annotation; the message starts with the annotation's name.\n");
-    header(
-        &mut out,
-        flavor,
-        "ValidatingAdmissionPolicy",
-        &format!("{prefix}-inject-overrides"),
+    exclusions(&mut out, flavor, scope);
+    out.push_str(
+        "---\n# Refuses Pods asking for injection with an unknown or malformed rebound.dev/*\n\
+         # annotation; the message starts with the annotation's name.\n",
     );
+    let overrides = format!("{name}-overrides");
+    header(&mut out, flavor, "ValidatingAdmissionPolicy", &overrides);
     out.push_str("spec:\n  failurePolicy: Fail\n");
     match_pods(&mut out);
     out.push_str("  matchConditions:\n");
-    for (name, expression) in [("asked", candidate()), ("not-injected", not_injected())] {
-        let _ = writeln!(out, "    - name: {name}");
+    for (condition, expression) in [("asked", scope.asked()), ("not-injected", not_injected())] {
+        let _ = writeln!(out, "    - name: {condition}");
         block(&mut out, 6, "expression", &expression);
     }
     out.push_str("  validations:\n");
-    for check in checks() {
+    let mut all = checks();
+    all.push(missing_sidecar(flavor));
+    for check in all {
         block(&mut out, 4, "- expression", &check.expression);
         block(&mut out, 6, "messageExpression", &check.message);
         out.push_str("      reason: Invalid\n");
@@ -353,15 +415,12 @@ pub fn manifests(flavor: &Flavor) -> String {
         &mut out,
         flavor,
         "ValidatingAdmissionPolicyBinding",
-        &format!("{prefix}-inject-overrides"),
+        &overrides,
     );
     let _ = writeln!(
         out,
-        "spec:\n  policyName: {prefix}-inject-overrides\n  validationActions: [Deny]"
+        "spec:\n  policyName: {overrides}\n  validationActions: [Deny]"
     );
-    exclusions(&mut out, flavor);
-    if let Flavor::Chart = flavor {
-        out.push_str("{{- end }}\n");
-    }
+    exclusions(&mut out, flavor, scope);
     out
 }

@@ -174,7 +174,7 @@ pub fn eval(t: &T, r: &Resolved) -> Value {
                 .collect();
             json!(text)
         }
-        T::Map(fields) => Value::Object(
+        T::Map(fields) | T::Dict(fields) => Value::Object(
             fields
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), eval(v, r)))

@@ -161,7 +161,10 @@ pub enum T {
     Var(Var),
     /// A string made of parts.
     Cat(Vec<T>),
+    /// An object of the Kubernetes schema (typed in CEL).
     Map(Vec<(&'static str, T)>),
+    /// A map of strings (`resources.requests`): a plain map in CEL.
+    Dict(Vec<(&'static str, T)>),
     List(Vec<(Option<Cond>, T)>),
 }
 
@@ -265,12 +268,15 @@ pub fn sidecar() -> T {
             map([
                 (
                     "requests",
-                    map([
+                    T::Dict(vec![
                         ("cpu", T::Var(Var::CpuRequest)),
                         ("memory", T::Var(Var::MemoryRequest)),
                     ]),
                 ),
-                ("limits", map([("memory", T::Var(Var::MemoryLimit))])),
+                (
+                    "limits",
+                    T::Dict(vec![("memory", T::Var(Var::MemoryLimit))]),
+                ),
             ]),
         ),
         (

@@ -193,3 +193,83 @@ pub fn chart_template() -> String {
 pub fn plain_manifests(namespace: &str) -> String {
     policy::manifests(&policy::Flavor::Plain { namespace })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(annotated: bool) -> Value {
+        let annotations = if annotated {
+            json!({"rebound.dev/inject": "true"})
+        } else {
+            json!({})
+        };
+        json!({
+            "metadata": {"annotations": annotations},
+            "spec": {"containers": [{"name": "w", "image": "w:1"}]}
+        })
+    }
+
+    fn injected(v: Option<&Value>) -> bool {
+        v.and_then(|t| t.pointer("/spec/initContainers/0/name")) == Some(&json!(spec::SIDECAR))
+    }
+
+    #[test]
+    fn every_workload_kind_and_lists_are_injected_where_their_pods_are() -> Result<()> {
+        let params = default_params();
+        let mut list = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": template(true)}},
+            {"kind": "StatefulSet", "metadata": {"name": "s"}, "spec": {"template": template(true)}},
+            {"kind": "DaemonSet", "metadata": {"name": "ds"}, "spec": {"template": template(true)}},
+            {"kind": "Job", "metadata": {"name": "j"}, "spec": {"template": template(true)}},
+            {"kind": "CronJob", "metadata": {"name": "c"},
+             "spec": {"jobTemplate": {"spec": {"template": template(true)}}}},
+            {"kind": "Deployment", "metadata": {"name": "off"}, "spec": {"template": template(false)}},
+            {"kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "b"}},
+        ]});
+        let before = list.clone();
+        inject_object(&mut list, &params, false, "test")?;
+        for i in 0..4 {
+            assert!(
+                injected(list.pointer(&format!("/items/{i}/spec/template"))),
+                "item {i}"
+            );
+        }
+        assert!(injected(
+            list.pointer("/items/4/spec/jobTemplate/spec/template")
+        ));
+        assert_eq!(list["items"][5], before["items"][5]);
+        assert_eq!(list["items"][6], before["items"][6]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_pod_and_the_enable_flag() -> Result<()> {
+        let params = default_params();
+        let mut pod = template(false);
+        pod["kind"] = json!("Pod");
+        let mut forced = pod.clone();
+        inject_object(&mut pod, &params, false, "test")?;
+        assert!(!injected(Some(&pod)));
+        inject_object(&mut forced, &params, true, "test")?;
+        assert!(injected(Some(&forced)));
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_object_and_the_annotation() {
+        let mut pod = template(true);
+        pod["kind"] = json!("Pod");
+        pod["metadata"]["name"] = json!("w");
+        pod["metadata"]["annotations"]["rebound.dev/mode"] = json!("push");
+        let err = inject_object(&mut pod, &default_params(), false, "f.yaml: document 1")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            "f.yaml: document 1: Pod w: rebound.dev/mode: must be file or watch, not \"push\""
+        );
+    }
+}

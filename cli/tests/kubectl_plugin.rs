@@ -441,7 +441,8 @@ async fn kubectl_completes_the_plugin() -> Result<()> {
             "diff",
             "crd",
             "ask",
-            "completion"
+            "completion",
+            "inject"
         ]
     );
     assert_eq!(directive, 4, "no file names for a subcommand");

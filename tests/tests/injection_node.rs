@@ -52,6 +52,62 @@ fn run_steps(node: &Node) -> Result<()> {
     bind_sidecar_role(node, &ns)?;
     deployment_runs_with_its_sidecar(node, &ns).context("step: the annotated Deployment")?;
     jobs_complete(node, &ns).context("step: the annotated Job and CronJob")?;
+    upgrade_changes_new_pods(node, &ns).context("step: helm upgrade with another image")?;
+    Ok(())
+}
+
+/// `helm upgrade` with another sidecar image: the parameters change, the policy does not,
+/// and the next Pod created gets the new image (a server-side dry-run: no Pod runs it).
+fn upgrade_changes_new_pods(node: &Node, ns: &str) -> Result<()> {
+    let chart = chart_dir("rebound").display().to_string();
+    helm(
+        node,
+        &[
+            "upgrade",
+            "rebound",
+            &chart,
+            "--namespace",
+            OPERATOR_NS,
+            "--reuse-values",
+            "--set",
+            "injection.image.tag=0.1.1-next",
+        ],
+    )?;
+    let wanted = "ghcr.io/rebound-dev/rebound-sidecar:0.1.1-next";
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "after-upgrade", "annotations": {"rebound.dev/inject": "true"}},
+        "spec": pod_template("after", json!([container("w", WORKER_IMAGE, &[])]), "Always")["spec"],
+    });
+    let got = wait_for(
+        "new Pods to get the new image",
+        Duration::from_secs(30),
+        || {
+            let out = node
+                .kubectl_stdin(
+                    [
+                        "-n",
+                        ns,
+                        "create",
+                        "--dry-run=server",
+                        "-o",
+                        "json",
+                        "-f",
+                        "-",
+                    ],
+                    &pod.to_string(),
+                )?
+                .ok()?;
+            let admitted: Value = serde_json::from_str(&out.stdout)?;
+            let image = admitted["spec"]["initContainers"][0]["image"].clone();
+            Ok((image == wanted).then_some(admitted))
+        },
+    )?;
+    ensure!(
+        got["metadata"]["annotations"]["rebound.dev/sidecar-image"] == wanted,
+        "the annotation does not name the new image"
+    );
+    println!("helm upgrade: new Pods get {wanted}");
     Ok(())
 }
 

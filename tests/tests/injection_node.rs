@@ -199,6 +199,13 @@ fn pod_template(app: &str, containers: Value, restart: &str) -> Value {
 }
 
 fn deployment_runs_with_its_sidecar(node: &Node, ns: &str) -> Result<()> {
+    // The worker wants no API access: its sidecar still watches, with its own token.
+    let mut template = pod_template(
+        "worker",
+        json!([container("worker", WORKER_IMAGE, &[])]),
+        "Always",
+    );
+    template["spec"]["automountServiceAccountToken"] = json!(false);
     let deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -206,7 +213,7 @@ fn deployment_runs_with_its_sidecar(node: &Node, ns: &str) -> Result<()> {
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"app": "worker"}},
-            "template": pod_template("worker", json!([container("worker", WORKER_IMAGE, &[])]), "Always"),
+            "template": template,
         }
     });
     node.apply(ns, &[deployment])?;
@@ -235,6 +242,19 @@ fn deployment_runs_with_its_sidecar(node: &Node, ns: &str) -> Result<()> {
             .flatten()
             .any(|c| c["type"] == "Ready" && c["status"] == "True");
         ensure!(ready, "{name} is not Ready");
+        let token_mounted = pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| {
+                m["mountPath"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/var/run/secrets/kubernetes.io"))
+            });
+        ensure!(
+            !token_mounted,
+            "{name}: the worker got a ServiceAccount token"
+        );
         // Every answer from the sidecar, over the socket, from the namespace's policy.
         let answers = wait_for(
             "answers in the worker's log",

@@ -43,8 +43,8 @@ pub struct Args {
     /// Check the injected Pods of every namespace.
     #[arg(long, short = 'A', conflicts_with = "namespace")]
     all_namespaces: bool,
-    /// The Helm release: the operator is `<release>-operator`, the injection policy
-    /// `<release>-inject`.
+    /// The Helm release: the operator is `<release>-operator`, the injection policies
+    /// `<release>-sidecar-inject*`.
     #[arg(long, default_value = "rebound")]
     release: String,
     /// Namespace of the release (operator, Lease, injection parameters).
@@ -190,13 +190,12 @@ impl Checker<'_> {
         self.operator().await?;
         let release = self.args.release.clone();
         let operator = format!("{release}-operator");
-        let policies = [
-            (
-                "admission.inject",
-                "MutatingAdmissionPolicy",
-                format!("{release}-inject"),
-                Status::Fail,
-            ),
+        let mut policies: Vec<(&'static str, &'static str, String, Status)> =
+            crate::inject::policy_names(&format!("{release}-sidecar"))
+                .into_iter()
+                .map(|(kind, name)| ("admission.inject", kind, name, Status::Fail))
+                .collect();
+        policies.extend([
             (
                 "admission.configmaps",
                 "ValidatingAdmissionPolicy",
@@ -216,7 +215,7 @@ impl Checker<'_> {
                 format!("{operator}-rolebindings"),
                 Status::Warn,
             ),
-        ];
+        ]);
         for (check, kind, name, missing) in policies {
             self.policy(check, kind, &name, missing).await?;
         }

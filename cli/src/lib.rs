@@ -15,6 +15,7 @@ mod check;
 mod complete;
 mod diff;
 mod explain;
+pub mod inject;
 mod input;
 mod load;
 mod output;
@@ -80,6 +81,9 @@ enum Command {
     /// is every injected Pod current (sidecar image, configuration, fleet Lease)? One
     /// verdict per line, or -o json; exit 1 when anything failed.
     Check(check::Args),
+    /// Add the Rebound sidecar to the Pod templates of manifests annotated
+    /// rebound.dev/inject: "true", exactly as the chart's admission policy does.
+    Inject(inject::Args),
 }
 
 /// The command name users type: `kubectl rebound` when run as the kubectl plugin.
@@ -156,5 +160,6 @@ fn run(cli: Cli, name: &str) -> Result<ExitCode> {
         Command::Ask(args) => ask::run(cluster, &args),
         Command::Completion(args) => complete::script(&args, &mut Cli::command(), name),
         Command::Check(args) => check::run(cluster, &args),
+        Command::Inject(args) => inject::run(&args),
     }
 }

@@ -442,7 +442,8 @@ async fn kubectl_completes_the_plugin() -> Result<()> {
             "crd",
             "ask",
             "completion",
-            "check"
+            "check",
+            "inject"
         ]
     );
     assert_eq!(directive, 4, "no file names for a subcommand");

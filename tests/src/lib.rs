@@ -16,6 +16,7 @@
 pub mod cluster;
 pub mod doc;
 pub mod helm;
+pub mod injection;
 pub mod kubelet;
 pub mod lease;
 pub mod module_graph;

@@ -544,6 +544,9 @@ fn default_rendering_matches_deploy() -> Result<()> {
                         | "PodDisruptionBudget"
                         | "ValidatingAdmissionPolicy"
                         | "ValidatingAdmissionPolicyBinding"
+                        | "MutatingAdmissionPolicy"
+                        | "MutatingAdmissionPolicyBinding"
+                        | "ConfigMap"
                 ),
                 "unexpected {kind} in the default rendering"
             );

@@ -67,33 +67,47 @@ async fn install(client: &kube::Client, release: &str, ns: &str) -> Result<()> {
             apply(client, &object).await?;
         }
     }
-    // Stand-in for the chart's injection policy until that is merged: the agreed name and
-    // parameters, and a match condition that is never true, so it mutates nothing.
-    let name = format!("{release}-inject");
-    apply(
-        client,
-        &json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/instance": release}},
-            "spec": {
-                "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["pods"]}]},
-                "matchConditions": [{"name": "never", "expression": "false"}],
-                "mutations": [{"patchType": "ApplyConfiguration",
-                    "applyConfiguration": {"expression": "Object{}"}}],
-            },
-        }),
-    )
-    .await?;
-    apply(client, &json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/instance": release}},
-        "spec": {"policyName": name, "paramRef": {"name": "rebound-injection", "namespace": ns,
-            "parameterNotFoundAction": "Deny"}},
-    }))
-    .await?;
+    // Stand-ins for the chart's injection policies, by the names `rebound inject
+    // --admission-policy` gives them, with a match condition that is never true: the
+    // shared cluster's other tests admit annotated Pods through policies of their own.
+    for (kind, name) in rebound_cli::inject::policy_names(&format!("{release}-sidecar")) {
+        let mutating = kind.starts_with("Mutating");
+        let mut spec = json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"]}]},
+            "matchConditions": [{"name": "never", "expression": "false"}],
+        });
+        let mut binding = json!({"policyName": name});
+        if mutating {
+            spec["paramKind"] = json!({"apiVersion": "v1", "kind": "ConfigMap"});
+            spec["reinvocationPolicy"] = json!("Never");
+            spec["mutations"] = json!([{"patchType": "ApplyConfiguration",
+                "applyConfiguration": {"expression": "Object{}"}}]);
+            binding["paramRef"] = json!({"name": "rebound-injection", "namespace": ns,
+                "parameterNotFoundAction": "Allow"});
+        } else {
+            spec["validations"] = json!([{"expression": "true"}]);
+            binding["validationActions"] = json!(["Deny"]);
+        }
+        let labels = json!({"app.kubernetes.io/instance": release});
+        apply(
+            client,
+            &json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                "metadata": {"name": name, "labels": labels}, "spec": spec,
+            }),
+        )
+        .await?;
+        apply(
+            client,
+            &json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": format!("{kind}Binding"),
+                "metadata": {"name": name, "labels": labels}, "spec": binding,
+            }),
+        )
+        .await?;
+    }
     apply(
         client,
         &json!({
@@ -309,7 +323,7 @@ async fn check_passes_a_healthy_release_and_names_what_is_wrong() -> Result<()> 
         ("operator.leader", format!("lease/{rns}/{release}-operator")),
         (
             "admission.inject",
-            format!("mutatingadmissionpolicy/{release}-inject"),
+            format!("mutatingadmissionpolicy/{release}-sidecar-inject"),
         ),
         (
             "admission.configmaps",
@@ -373,14 +387,14 @@ async fn check_passes_a_healthy_release_and_names_what_is_wrong() -> Result<()> 
         "mutatingadmissionpolicies",
     );
     Api::<DynamicObject>::all_with(env.client.clone(), &resource)
-        .delete(&format!("{release}-inject"), &Default::default())
+        .delete(&format!("{release}-sidecar-inject"), &Default::default())
         .await?;
     let (code, report) = check(&env, &release, &rns, &["-n", &healthy])?;
     ensure!(code == 1, "no policy: exit {code}");
     let v = verdict(
         &report,
         "admission.inject",
-        &format!("mutatingadmissionpolicy/{release}-inject"),
+        &format!("mutatingadmissionpolicy/{release}-sidecar-inject"),
     )?;
     ensure!(v["status"] == "fail", "{v:#}");
     ensure!(

@@ -200,8 +200,8 @@ module Rebound
 
       def working_key(queue, identity = @identity) = "#{PREFIX}#{identity}|#{queue}"
 
-      # A thread that found nothing last time blocks straight away (on one queue, picked
-      # as Sidekiq weighs them): idle, it costs one BLMOVE per BLOCK_S, as BRPOP does.
+      # A thread that found nothing last time blocks straight away, on its queues in turn:
+      # idle, it costs one BLMOVE per BLOCK_S, as BRPOP does.
       def retrieve_work
         start!
         id = @identity
@@ -214,7 +214,8 @@ module Rebound
           end
           return unit(order[(res[0] - 2) / 2], res[1], id) if res.first.positive?
         end
-        q = order.first
+        turn = Thread.current[:rebound_fetch_turn] = Thread.current[:rebound_fetch_turn].to_i + 1
+        q = Thread.current[:rebound_fetch_idle] ? @queues.uniq[turn % @queues.uniq.length] : order.first
         w = working_key(q, id)
         job = ::Sidekiq.redis { |c| c.blmove(q, w, "RIGHT", "LEFT", timeout: BLOCK_S) }
         Thread.current[:rebound_fetch_idle] = job.nil?
@@ -272,7 +273,7 @@ module Rebound
           next if ::Sidekiq.redis { |c| c.exists?("#{ALIVE}#{owner}") }
           while (job = ::Sidekiq.redis { |c| c.lindex(key, -1) })
             r = recover_one(key, owner, queue, job)
-            break if r == :alive
+            break if r == :alive || r == :error # an error: the next round tries again
             found += 1 if r == :settled
           end
         end
@@ -353,7 +354,7 @@ module Rebound
         :settled
       rescue StandardError => e
         Rebound.log("error", "rebound.recover_failed", error: e.inspect[0, 300])
-        :taken
+        :error
       end
 
       def settle_recovered(unit, owner)

@@ -483,21 +483,28 @@ class FaultTest < Minitest::Test
     with_broker("killed-recovering") do |url|
       sidecar = Fault.sidecar("fault/sidecar-recovering")
       a = Fault.worker(sidecar.target, "fault/recovering-a", url, concurrency: 40).start
+      # b works another queue; it is on the sidecar before it hangs, so each decision of its
+      # recovery waits for the deadline, and the kill lands between a claim and its settle.
+      b = Fault.worker(sidecar.target, "fault/recovering-b", url, queues: ["fixed-3"]).start
+      Harness.eventually("b on the sidecar", 20) { b.events("rebound.policy_fetched").any? }
       jobs = Array.new(40) { enqueue({"fail" => 0, "sleep_first" => 600}, {"retry_count" => 1, "failed_at" => Time.now.to_f}) }
       Harness.eventually("the 40 jobs running", 60) { jobs.all? { |j| runs(j).length == 1 } }
       a.kill
       Process.kill("STOP", -sidecar.pid)
-      b = Fault.worker(sidecar.target, "fault/recovering-b", url, queues: ["conf-other"]).start
       Harness.eventually("b recovering", 60) { b.events("rebound.job_recovered").length >= 3 }
       b.kill
       Process.kill("CONT", -sidecar.pid)
-      c = Fault.worker(sidecar.target, "fault/recovering-c", url, queues: ["conf-other"]).start
+      c = Fault.worker(sidecar.target, "fault/recovering-c", url, queues: ["fixed-3"]).start
       Harness.eventually("every dead letter", 90) { jobs.all? { |j| !letters(j).empty? } }
       sleep Fault::RF::RECOVER_S + 1
       assert_fault_bounds(jobs)
       assert_equal [want["deadLetters"]], jobs.map { |j| letters(j).length }.uniq
       assert_equal [1], jobs.map { |j| dead_entries(j).length }.uniq
       assert_equal [Fault::MAX_ATTEMPTS], jobs.map { |j| letters(j).first["attempts"] }.uniq
+      owners = events([b], "rebound.job_recovered").map { |e| e["from"] }.uniq # a's identity
+      from_b = events([c], "rebound.job_recovered").reject { |e| owners.include?(e["from"]) }
+      refute_empty from_b, "a job b claimed and did not settle, settled by c"
+      assert_equal [Fault::MAX_ATTEMPTS], from_b.map { |e| e["attempt"] }.uniq # not counted again
     ensure
       sidecar && (Process.kill("CONT", -sidecar.pid) rescue nil)
       [a, b, c].compact.each(&:stop)

@@ -5,7 +5,8 @@
 require "json"
 require "redis"
 require "rebound/sidekiq"
-require_relative "jobs"
+# A process that lacks the conformance job classes (recovered-without-job-class).
+require_relative "jobs" unless ENV["REBOUND_TEST_NO_JOBS"] == "1"
 
 # Scheduled and retry sets are polled every 0.1-0.3 s (Sidekiq's default: 5 s per process).
 Sidekiq.options[:poll_interval_average] = 0.2
@@ -75,3 +76,8 @@ end
 
 # Reliable fetch (worker-sigkill): a job running in a SIGKILLed process runs again.
 Rebound::Sidekiq.reliable_fetch! if ENV["REBOUND_TEST_RELIABLE_FETCH"] == "1"
+
+# Fault injection (test/fault_test.rb): a longer sidecar deadline, so that a kill lands
+# while the hook waits for a hung sidecar; a kill right after the give-up was written.
+Rebound::Sidekiq.configure(deadline_ms: Integer(ENV["REBOUND_TEST_DEADLINE_MS"])) if ENV["REBOUND_TEST_DEADLINE_MS"]
+Sidekiq.death_handlers << ->(_job, _ex) { Process.kill("KILL", Process.pid) } if ENV["REBOUND_TEST_KILL_AFTER_GIVE_UP"] == "1"

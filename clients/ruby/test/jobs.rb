@@ -28,6 +28,8 @@ module Conformance
     n = redis.incr("conf:count:#{token}")
     redis.rpush("conf:runs:#{token}", JSON.generate({"ms" => (Time.now.to_r * 1000).to_i, "pid" => Process.pid,
                                                      "jobId" => job_id, "queue" => queue, "run" => n}))
+    # "kill": the run SIGKILLs its own process (an OOM kill) on its first N runs, or "always".
+    Process.kill("KILL", Process.pid) if opts["kill"] && (opts["kill"] == "always" || n <= opts["kill"].to_i)
     sleep opts["sleep"].to_f if opts["sleep"]
     sleep opts["sleep_first"].to_f if opts["sleep_first"] && n == 1
     fail_runs = opts["fail"] == "always" ? Float::INFINITY : opts["fail"].to_i

@@ -2,6 +2,7 @@
 
 require "base64"
 require "json"
+require "securerandom"
 require "zlib"
 require "sidekiq"
 require "sidekiq/api"
@@ -234,6 +235,13 @@ module Rebound
         ::Sidekiq::Client.push("queue" => queue, "class" => DEAD_LETTER_CLASS, "args" => [message], "retry" => true)
       end
 
+      # The job Sidekiq::Client.push would enqueue for a dead letter, for a write of its own.
+      def dead_letter_item(queue, message)
+        now = Time.now.to_f
+        {"class" => DEAD_LETTER_CLASS, "queue" => queue, "args" => [message], "retry" => true,
+         "jid" => SecureRandom.hex(12), "created_at" => now, "enqueued_at" => now}
+      end
+
       # Runs the block, again while Redis is unreachable (a restart), for up to REDIS_WAIT_S.
       def with_redis(what, jid)
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + REDIS_WAIT_S
@@ -324,23 +332,11 @@ module Rebound
         c.instance_of?(::Sidekiq::Shutdown) || shutdown?(c, seen)
       end
 
+      # The failure is written with the job's acknowledgment when ReliableFetch fetched it.
       def handle(worker, msg, queue, exc)
-        attempt = msg["retry_count"].nil? ? 1 : msg["retry_count"].to_i + 2
-        # Runs made, this one included: Sidekiq's count restarts lower on a replay ("Retry
-        # Now" in the dead set takes one off), this one does not.
-        runs = (msg["rebound_runs"] || (msg["retry_count"].nil? ? 0 : msg["retry_count"].to_i + 1)).to_i + 1
-        answer, fields, first, view = Rebound::Sidekiq.ask_safely(worker, msg, queue, exc, attempt)
-        mark_failed(msg, queue, exc)
-        msg["rebound_runs"] = runs
-        msg["failed_at"] ||= first / 1000.0
-        if answer["decision"] == "DECISION_RETRY"
-          at = Time.now.to_f + answer["delayMs"] / 1000.0
-          payload = ::Sidekiq.dump_json(msg)
-          Rebound::Sidekiq.with_redis("retry", msg["jid"]) { ::Sidekiq.redis { |c| c.zadd("retry", at.to_s, payload) } }
-          Rebound.log("info", "rebound.retry", **fields, runs: runs)
-        else
-          give_up(worker, msg, exc, answer, fields, first, runs, view)
-        end
+        unit = Thread.current[:rebound_unit]
+        unit = nil unless unit.respond_to?(:settled) && unit.jid == msg["jid"]
+        Failure.carry_out(worker, Failure.count(msg, queue, exc), queue, exc, unit)
       rescue ::Sidekiq::Shutdown
         raise
       rescue StandardError => e # Redis gone for longer than REDIS_WAIT_S: the job is not acknowledged
@@ -349,24 +345,92 @@ module Rebound
       else
         raise ::Sidekiq::JobRetry::Skip
       end
+    end
+
+    # One failed run: counted on the job (count), then decided and carried out (carry_out).
+    # Shared by the middleware and ReliableFetch's recovery of lost runs.
+    module Failure
+      module_function
+
+      # A copy of msg with the fields Sidekiq's retrier records for a failure
+      # (JobRetry#attempt_retry) and rebound_runs, the runs made (this one included;
+      # Sidekiq's count restarts lower on a replay, this one does not).
+      def count(msg, queue, exc)
+        msg = ::Sidekiq.load_json(::Sidekiq.dump_json(msg))
+        msg.delete("rebound_claimed_by")
+        runs = (msg["rebound_runs"] || (msg["retry_count"].nil? ? 0 : msg["retry_count"].to_i + 1)).to_i + 1
+        msg["queue"] = msg["retry_queue"] || queue
+        m = (exc.message.to_s[0, 10_000] rescue +"!!! ERROR MESSAGE THREW AN ERROR !!!").dup
+        msg["error_message"] = m.force_encoding("utf-8").scrub
+        msg["error_class"] = exc.class.name
+        if msg["retry_count"]
+          msg["retried_at"] = Time.now.to_f
+          msg["retry_count"] += 1
+        else
+          msg["failed_at"] = Time.now.to_f
+          msg["retry_count"] = 0
+        end
+        msg["rebound_runs"] = runs
+        if msg["backtrace"] && exc.backtrace
+          lines = msg["backtrace"] == true ? exc.backtrace : exc.backtrace[0...msg["backtrace"].to_i]
+          msg["error_backtrace"] = Base64.encode64(Zlib::Deflate.deflate(::Sidekiq.dump_json(lines)))
+        end
+        msg
+      end
+
+      # Decides a counted failure (attempt = the run that failed) and writes the outcome:
+      # with unit (ReliableFetch), in one script with the job's removal from its working
+      # list; a unit no longer there means a recovery already counted and decided the run.
+      def carry_out(worker, msg, queue, exc, unit = nil, recovered: false)
+        attempt = msg["retry_count"].to_i + 1
+        runs = msg["rebound_runs"]
+        answer, fields, first, view = Rebound::Sidekiq.ask_safely(worker, msg, queue, exc, attempt)
+        msg["failed_at"] ||= first / 1000.0
+        if answer["decision"] == "DECISION_RETRY"
+          at = Time.now.to_f + answer["delayMs"] / 1000.0
+          payload = ::Sidekiq.dump_json(msg)
+          if unit
+            return skipped(msg, fields) unless ReliableFetch.settle(unit, "retry", payload, at: at,
+              recovered: recovered ? {"kind" => "retry", "payload" => payload} : nil)
+          else
+            Rebound::Sidekiq.with_redis("retry", msg["jid"]) { ::Sidekiq.redis { |c| c.zadd("retry", at.to_s, payload) } }
+          end
+          Rebound.log("info", "rebound.retry", **fields, runs: runs)
+        else
+          give_up(worker, msg, exc, answer, fields, first, runs, view, unit, recovered)
+        end
+        true
+      end
+
+      def skipped(msg, fields)
+        Rebound.log("warn", "rebound.settle_skipped", **fields, reason: "recovered while it ran")
+        false
+      end
 
       # Drop and dead letter both leave the job in Sidekiq's dead set, as when Sidekiq's
       # own retries run out; a dead letter also pushes its message to the queue.
-      def give_up(worker, msg, exc, answer, fields, first, runs, view)
+      def give_up(worker, msg, exc, answer, fields, first, runs, view, unit, recovered)
         dead_letter = answer["disposition"] == "DISPOSITION_DEAD_LETTER"
         dlq = dead_letter ? answer["deadLetterQueue"].to_s : ""
-        unless dlq.empty?
-          message = Rebound::Sidekiq.dead_letter_message(msg, exc, answer, fields, first, runs, view ? view[:args] : msg["args"])
-          Rebound::Sidekiq.with_redis("dead_letter", msg["jid"]) { Rebound::Sidekiq.push_dead_letter(dlq, message) }
+        message = unless dlq.empty?
+          Rebound::Sidekiq.dead_letter_message(msg, exc, answer, fields, first, runs, view ? view[:args] : msg["args"])
+        end
+        payload = msg["dead"] == false ? "" : ::Sidekiq.dump_json(msg)
+        if unit
+          letter = message && ::Sidekiq.dump_json(Rebound::Sidekiq.dead_letter_item(dlq, message))
+          rec = recovered ? {"kind" => "dead", "payload" => payload, "letter" => letter, "dlq" => (dlq unless dlq.empty?)} : nil
+          return skipped(msg, fields) unless ReliableFetch.settle(unit, "dead", payload, dead_letter_queue: (dlq unless dlq.empty?),
+            letter: letter, recovered: rec)
+        else
+          Rebound::Sidekiq.with_redis("dead_letter", msg["jid"]) { Rebound::Sidekiq.push_dead_letter(dlq, message) } if message
+          unless payload.empty?
+            Rebound::Sidekiq.with_redis("dead_set", msg["jid"]) { ::Sidekiq::DeadSet.new.kill(payload, notify_failure: false) }
+          end
         end
         begin
           worker.sidekiq_retries_exhausted_block&.call(msg, exc) if worker.respond_to?(:sidekiq_retries_exhausted_block)
         rescue StandardError => e
           Rebound.log("error", "rebound.retries_exhausted_error", jid: msg["jid"], error: e.inspect[0, 300])
-        end
-        unless msg["dead"] == false
-          payload = ::Sidekiq.dump_json(msg)
-          Rebound::Sidekiq.with_redis("dead_set", msg["jid"]) { ::Sidekiq::DeadSet.new.kill(payload, notify_failure: false) }
         end
         death_handlers.each do |h|
           h.call(msg, exc)
@@ -386,24 +450,6 @@ module Rebound
       rescue StandardError
         []
       end
-
-      # What Sidekiq's JobRetry#attempt_retry records on the job before scheduling it.
-      def mark_failed(msg, queue, exc)
-        msg["queue"] = msg["retry_queue"] || queue
-        m = (exc.message.to_s[0, 10_000] rescue +"!!! ERROR MESSAGE THREW AN ERROR !!!").dup
-        msg["error_message"] = m.force_encoding("utf-8").scrub
-        msg["error_class"] = exc.class.name
-        if msg["retry_count"]
-          msg["retried_at"] = Time.now.to_f
-          msg["retry_count"] += 1
-        else
-          msg["failed_at"] = Time.now.to_f
-          msg["retry_count"] = 0
-        end
-        return unless msg["backtrace"] && exc.backtrace
-        lines = msg["backtrace"] == true ? exc.backtrace : exc.backtrace[0...msg["backtrace"].to_i]
-        msg["error_backtrace"] = Base64.encode64(Zlib::Deflate.deflate(::Sidekiq.dump_json(lines)))
-      end
     end
 
     # include Rebound::Sidekiq::Job (or ::Worker): Sidekiq::Job, sidekiq_options retry:
@@ -415,7 +461,9 @@ module Rebound
         sidekiq_job = defined?(::Sidekiq::Job) ? ::Sidekiq::Job : ::Sidekiq::Worker
         base.include(sidekiq_job) unless base.include?(sidekiq_job)
         base.extend(ClassMethods)
-        base.sidekiq_options(retry: Decide::MAX_ATTEMPTS)
+        # "rebound" travels in every payload pushed through the class, so a process that
+        # lacks the class still knows the policy decides the job's lost runs.
+        base.sidekiq_options(retry: Decide::MAX_ATTEMPTS, "rebound" => true)
         base.sidekiq_retry_in { |count, exc, job = nil| Rebound::Sidekiq::Worker.retry_in(base, count, exc, job) }
         base.prepend(InstanceHook)
         Rebound::Sidekiq.classes << base

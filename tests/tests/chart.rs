@@ -634,7 +634,12 @@ async fn operator_runs_as_the_chart_service_account_in_watched_namespaces() -> R
             &chart_dir("rebound"),
             release_ns,
             &[],
-            &[format!("watchNamespaces={{{watched}}}")],
+            // The injection policies bind cluster-wide: in the shared cluster they would
+            // inject other tests' annotated Pods (tests/tests/injection.rs covers them).
+            &[
+                format!("watchNamespaces={{{watched}}}"),
+                "injection.enabled=false".to_owned(),
+            ],
         )?
         .ok()?;
     // Everything but the Deployment, which nothing would run here: this test runs it.

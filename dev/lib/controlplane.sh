@@ -72,7 +72,8 @@ cp_launch() {
 # After `cp_launch`, waits until the child has exec'd BIN (its cmdline shows it).
 cp_wait_exec() {
   local pid="$1" name="$2" i cmd
-  for ((i = 0; i < 100; i++)); do
+  # Up to 30 s: on a loaded 2-core machine a fork can take seconds to reach its exec.
+  for ((i = 0; i < 600; i++)); do
     [[ -r "/proc/$pid/cmdline" ]] || return 1
     cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
     [[ "$cmd" == *"/$name "* ]] && return 0

@@ -4,7 +4,7 @@
 //! Pod's fleet Lease is there; a budgeted policy's status counts its two sidecars; a Job
 //! and a CronJob with the annotation complete; after `helm upgrade` with another sidecar
 //! image, `rebound check` names the Pods still on the old one (exit 1) until they are
-//! rolled (exit 0).
+//! rolled (exit 0). docs/install.md's injection section runs here as pasted.
 //!
 //! One node per machine (`.state/node`, or `REBOUND_NODE_STATE_DIR`); the test stops it
 //! and checks that nothing of it is left on the host.
@@ -15,6 +15,7 @@ use anyhow::{Context, Result, ensure};
 use std::process::Command;
 
 use rebound_test_support::workspace_binary;
+use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::{Helm, chart_dir};
 use rebound_tests::node::{HostSnapshot, Node, WORKER_IMAGE, wait_for};
 use rebound_tests::repo_root;
@@ -47,6 +48,7 @@ fn one_annotation_makes_a_worker_a_rebound_worker() -> Result<()> {
 
 fn run_steps(node: &Node) -> Result<()> {
     install_charts(node).context("step: helm install of both charts")?;
+    install_page_injection(node).context("step: docs/install.md, section 4")?;
     let ns = node.restricted_namespace("inject-node")?;
     let policy = repo_root().join("examples/policies/webhooks.yaml");
     node.kubectl([
@@ -64,6 +66,82 @@ fn run_steps(node: &Node) -> Result<()> {
     jobs_complete(node, &ns).context("step: the annotated Job and CronJob")?;
     upgrade_changes_new_pods(node, &ns).context("step: helm upgrade with another image")?;
     check_names_pods_until_rolled(node, &ns).context("step: rebound check after the upgrade")?;
+    Ok(())
+}
+
+/// The section of docs/install.md that applies the injected example, run as a user pastes
+/// it (its namespace and policy come from sections 1 to 3, which the node test runs).
+fn install_page_injection(node: &Node) -> Result<()> {
+    const SECTION: &str = "## 4. A worker, by injection";
+    let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
+    let lines: Vec<&str> = page.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| *l == SECTION)
+        .with_context(|| format!("docs/install.md has no {SECTION:?}"))?;
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| l.starts_with("## "))
+        .map_or(lines.len(), |i| start + 1 + i);
+    // `line` is 1-based, and the heading is on line `start + 1`.
+    let commands: Vec<String> = shell_blocks(&page)
+        .into_iter()
+        .filter(|b| b.line > start + 1 && b.line <= end)
+        .flat_map(|b| b.commands)
+        .collect();
+    ensure!(!commands.is_empty(), "{SECTION:?} has no sh block");
+
+    node.kubectl(["create", "namespace", "team-a"])?.ok()?;
+    let policy = repo_root().join("examples/policies/webhooks.yaml");
+    node.kubectl(["-n", "team-a", "apply", "-f", &policy.display().to_string()])?
+        .ok()?;
+    node.kubectl([
+        "-n",
+        "team-a",
+        "wait",
+        "--for=condition=Ready",
+        "retrypolicy/webhooks",
+        "--timeout=60s",
+    ])?
+    .ok()?;
+    let helm = Helm::get()?;
+    let env = shell_env(
+        node.kubeconfig(),
+        &[helm.path(), node.kubectl_path()],
+        &node.state_dir().join("install-doc"),
+    );
+    let mut last = String::new();
+    for command in &commands {
+        last = run_shell(command, &env)?;
+    }
+    // The page's last command prints the Pod's first init container.
+    ensure!(
+        last.trim() == "rebound-sidecar",
+        "the page's Pod has {:?} as its first init container",
+        last.trim()
+    );
+    let pods = node.get_json(["pods", "-n", "team-a", "-l", "app=worker-injected"])?;
+    let pod = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .context("no Pod of worker-injected")?
+        .to_owned();
+    let answer = wait_for(
+        "the page's injected worker to log an answer",
+        Duration::from_secs(30),
+        || {
+            Ok(node
+                .json_logs("team-a", &pod, "worker")?
+                .into_iter()
+                .rfind(|l| l["event"] == "answer"))
+        },
+    )?;
+    ensure!(
+        answer["source"] == "sidecar"
+            && answer["policy"] == "team-a/webhooks"
+            && answer["target"] == "unix:///run/rebound/rebound.sock",
+        "the page's injected worker said {answer}"
+    );
+    println!("docs/install.md section 4: {pod} Ready, answered by its injected sidecar");
     Ok(())
 }
 

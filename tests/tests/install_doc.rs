@@ -16,7 +16,7 @@ use rebound_test_support::{eventually, free_port, http_get};
 use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::Helm;
 use rebound_tests::kubelet::{Running, move_flags, resolve, start_as};
-use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name};
+use rebound_tests::{Cluster, DedicatedCluster, repo_root, unique_name, yaml_documents};
 
 /// How long the test waits for a process it started to answer.
 const WAIT: Duration = Duration::from_secs(60);
@@ -62,6 +62,53 @@ fn label_value<'a>(line: &'a str, name: &str, label: &str) -> Option<(&'a str, f
         .split(',')
         .find_map(|kv| kv.strip_prefix(&format!("{label}=\"")))?;
     Some((v.strip_suffix('"')?, value.trim().parse().ok()?))
+}
+
+/// The body of every fenced block of `lang` in a Markdown page.
+fn fenced(page: &str, lang: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in page.lines() {
+        match (&mut current, line.trim()) {
+            (Some(body), "```") => {
+                blocks.push(std::mem::take(body));
+                current = None;
+            }
+            (Some(body), _) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            (None, fence) if fence.strip_prefix("```") == Some(lang) => {
+                current = Some(String::new());
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+/// The Deployment the page leads with is the file its injection section applies, so the
+/// two cannot drift (compared as parsed YAML: comments and layout may differ).
+#[test]
+fn the_page_leads_with_the_injected_example() -> Result<()> {
+    let page = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
+    let lead = fenced(&page, "yaml")
+        .into_iter()
+        .next()
+        .context("docs/install.md has no yaml block")?;
+    let shown: Vec<serde_json::Value> = serde_saphyr::from_multiple(&lead)?;
+    let file = yaml_documents(&repo_root().join("examples/worker/worker-injected.yaml"))?;
+    ensure!(
+        shown == file,
+        "docs/install.md shows {shown:#?}, examples/worker/worker-injected.yaml is {file:#?}"
+    );
+    ensure!(
+        file.len() == 1
+            && file[0]["spec"]["template"]["metadata"]["annotations"]
+                == serde_json::json!({"rebound.dev/inject": "true"}),
+        "the example says more than the annotation: {file:#?}"
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]

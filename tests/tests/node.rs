@@ -109,6 +109,15 @@ fn install_page_runs_on_the_node(node: &Node) -> Result<()> {
             && answer["target"] == json!("unix:///run/rebound/rebound.sock"),
         "the page's worker said {answer}"
     );
+    // Section 4's Pod got its sidecar from the chart's admission policy.
+    let first_init = outputs
+        .iter()
+        .find(|(c, _)| c.starts_with("kubectl -n team-a get pods -l app=worker-injected"))
+        .map(|(_, o)| o.trim());
+    ensure!(
+        first_init == Some("rebound-sidecar"),
+        "the injected worker's first init container: {first_init:?}"
+    );
     let answers: Vec<&str> = outputs
         .iter()
         .filter(|(c, _)| c.contains("auth can-i"))

@@ -37,6 +37,9 @@ export REBOUND_CLUSTER_STATE_DIR="$state"
 REBOUND_HELM="$(dev/build-helm.sh | tail -n 1)/helm"
 export REBOUND_HELM
 
+# The images the node tests import, built before them (the tests rebuild nothing then).
+dev/build-images.sh >/dev/null
+
 # Every test binary runs even when one fails, so one run reports every failure.
 cargo test --workspace --locked --no-fail-fast "$@"
 

@@ -194,13 +194,19 @@ EOF
 
 # node_start NAME PIDFILE_BASENAME BIN ARGS...: starts a node process unless it runs.
 node_start() {
-  local state="$1" name="$2"
+  local state="$1" name="$2" try
   shift 2
   cp_pid_alive "$state/node/$name.pid" "$name" && return 0
-  echo "--- $(date -Is) starting $name" >>"$state/logs/$name.log"
-  cp_launch "$state/node/$name.pid" "$@" </dev/null >>"$state/logs/$name.log" 2>&1 8>&- ||
-    cp_die "could not start $name"
-  cp_wait_exec "$(cat "$state/node/$name.pid" 2>/dev/null)" "$name" || true
+  # A start whose process is gone at once, without a line of output, is tried once more:
+  # on a loaded machine (a release build just before) containerd was seen to vanish so.
+  # A second such start is left to node_wait, which fails with the log.
+  for try in 1 2; do
+    echo "--- $(date -Is) starting $name (try $try)" >>"$state/logs/$name.log"
+    cp_launch "$state/node/$name.pid" "$@" </dev/null >>"$state/logs/$name.log" 2>&1 8>&- ||
+      cp_die "could not start $name"
+    cp_wait_exec "$(cat "$state/node/$name.pid" 2>/dev/null)" "$name" && sleep 0.2 &&
+      cp_pid_alive "$state/node/$name.pid" "$name" && return 0
+  done
 }
 
 # Waits until CHECK (a command) succeeds, while the process NAME runs; fails with its log.

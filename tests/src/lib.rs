@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+pub mod client_modules;
 pub mod cluster;
 pub mod doc;
 pub mod helm;

@@ -98,6 +98,11 @@ impl ModuleGraph {
         Ok(graph)
     }
 
+    /// A module, with no edge yet.
+    pub fn add_module(&mut self, module: &str) {
+        self.edges.entry(module.to_owned()).or_default();
+    }
+
     pub fn add_edge(&mut self, from: &str, to: &str) {
         self.edges
             .entry(from.to_owned())

@@ -51,3 +51,34 @@ fn no_crate_has_a_module_cycle() -> Result<()> {
     );
     Ok(())
 }
+
+/// The adapters' own modules: the Python package, Node `lib/`, Ruby `lib/rebound/` and the
+/// Go module's packages (see `rebound_tests::client_modules` for what counts as an edge).
+#[test]
+fn no_client_has_a_module_cycle() -> Result<()> {
+    use rebound_tests::client_modules::{go_module, node_lib, python_package, ruby_lib};
+    let clients = repo_root().join("clients");
+    let graphs = [
+        (
+            "python",
+            python_package(&clients.join("python/src/rebound_celery"))?,
+        ),
+        ("node", node_lib(&clients.join("node/lib"))?),
+        ("ruby", ruby_lib(&clients.join("ruby/lib/rebound"))?),
+        ("go", go_module(&clients.join("go"))?),
+    ];
+    let mut found = Vec::new();
+    for (client, graph) in &graphs {
+        let edges: usize = graph.edges().values().map(|to| to.len()).sum();
+        assert!(edges > 0, "{client}: no edge found between its modules");
+        for cycle in graph.cycles() {
+            found.push(format!("{client}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "module cycles (break each by moving what both sides need into a module below them):\n  {}",
+        found.join("\n  ")
+    );
+    Ok(())
+}

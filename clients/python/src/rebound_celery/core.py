@@ -309,6 +309,22 @@ class Rebound:
         return answer
 
 
+_shared = {}
+
+
+def shared_rebound(target=None):
+    """One Rebound per target in this process (channels are per process anyway)."""
+    key = target or ""
+    if key not in _shared:
+        _shared[key] = Rebound(target=target, strict=False)
+    return _shared[key]
+
+
+def shared_instances():
+    """The Rebound of every target this process has used (see ``shared_rebound``)."""
+    return list(_shared.values())
+
+
 def _after_fork_in_child():
     for rb in list(_instances):
         rb._after_fork()

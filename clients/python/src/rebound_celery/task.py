@@ -18,24 +18,15 @@ import uuid
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from .core import Rebound, _log, logger
+from .core import Rebound, _log, logger, shared_rebound
 from .runs import (ATTEMPT_HEADER, DECIDE_HEADER, EPISODE_HEADER, MESSAGE_HEADER, RunRecords, dead_letter_payload,
                    log_uncounted_once, new_token)
+from .worker import install
 
 KEY_HEADER = "rebound_key"
 FIRST_FAILURE_HEADER = "rebound_first_failure_ms"
 DEAD_LETTER_TASK = "rebound.dead_letter"
 """The name of the task sent to the policy's dead-letter queue."""
-
-_shared = {}
-
-
-def shared_rebound(target=None):
-    """One Rebound per target in this process (channels are per process anyway)."""
-    key = target or ""
-    if key not in _shared:
-        _shared[key] = Rebound(target=target, strict=False)
-    return _shared[key]
 
 
 def default_error_class(exc):
@@ -146,8 +137,6 @@ class ReboundTask(Task):
     def bind(cls, app):
         bound = super().bind(app)
         try:
-            from .worker import install
-
             install(app)
         except Exception as err:  # pragma: no cover - never break task registration
             logger.warning("rebound: worker step not installed: %r", err)

@@ -17,7 +17,7 @@ from celery import bootsteps, signals
 from celery.exceptions import ImproperlyConfigured
 
 from .client import TargetError, check_target
-from .core import _log
+from .core import _log, shared_instances, shared_rebound
 
 PREFETCH_RETRY_S = 2.0
 
@@ -27,9 +27,9 @@ class BadTarget(ImproperlyConfigured, TargetError):
 
 
 def _rebound_tasks(app):
-    from .task import ReboundTask
-
-    return [t for t in app.tasks.values() if isinstance(t, ReboundTask)]
+    """The app's Rebound tasks: those that say which target decides for them (duck-typed,
+    so this module needs nothing from ``task``, which installs it)."""
+    return [t for t in app.tasks.values() if callable(getattr(t, "rebound_target_setting", None))]
 
 
 def worker_queues(app, tasks):
@@ -50,8 +50,6 @@ class ReboundStep(bootsteps.StartStopStep):
 
     def __init__(self, parent, **kwargs):
         super().__init__(parent, **kwargs)
-        from .task import shared_rebound
-
         app = parent.app
         tasks = _rebound_tasks(app)
         self.instances = []
@@ -107,9 +105,7 @@ class ReboundStep(bootsteps.StartStopStep):
 def _child_init(**_):
     """A pool child (replaced ones too) holds the main process's copy; it loads what the
     main process lacked in the background."""
-    from .task import _shared
-
-    for rb in list(_shared.values()):
+    for rb in shared_instances():
         try:
             if rb.client is not None and rb.missing_queues():
                 rb.prefetch_in_background(quiet=True)

@@ -3,7 +3,7 @@
 require "digest/sha1"
 require "securerandom"
 require "socket"
-require "rebound/sidekiq"
+require "rebound/hook"
 
 module Rebound
   module Sidekiq
@@ -171,6 +171,11 @@ module Rebound
             n = ReliableFetch.script(c, :withdraw, ["#{RECOVERED}#{jid}", "retry", "dead", queue, "queue:#{rec["dlq"]}"])
             Rebound.log("warn", "rebound.recovered_run_completed", jid: jid, queue: queue_name, withdrawn: n)
           end
+        end
+
+        # Writes the failure's outcome with the job's removal (see ReliableFetch.settle).
+        def settle(kind, payload, **outcome)
+          ReliableFetch.settle(self, kind, payload, **outcome)
         end
 
         def requeue
@@ -400,7 +405,7 @@ module Rebound
         end
       end
 
-      # Rebound::Sidekiq.reliable_fetch!: ReliableFetch in this server process.
+      # ReliableFetch in this server process (what Rebound::Sidekiq.reliable_fetch! calls).
       def self.install
         ::Sidekiq.configure_server do |config|
           if ::Sidekiq.respond_to?(:options) && ::Sidekiq.options.is_a?(Hash) # 6.x: an instance

@@ -533,10 +533,7 @@ func scenarioSidecarDownAtStart(t *testing.T) {
 // REBOUND_TARGET, and a job waiting in its queue never runs.
 func scenarioMalformedTargetRefused(t *testing.T) {
 	t.Setenv(runsDirEnv, t.TempDir())
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{MaxAttempts: rebound.LibraryAttempts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	inserter := inserter(t)
 	ctx := context.Background()
 	res, err := inserter.Insert(ctx, SleepArgs{}, &river.InsertOpts{Queue: "refused"})
 	if err != nil {
@@ -626,21 +623,9 @@ func scenarioAdapterErrorNeverHandsToLibrary(t *testing.T) {
 		FetchPollInterval: 50 * time.Millisecond,
 		ErrorHandler:      handler,
 	}
-	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{
+	c := startClient(t, context.Background(), pool, cfg, reboundriver.New(rb, reboundriver.Options{
 		ErrorClass: func(error) string { panic("a bug in the error classifier") },
 	}))
-	c, err := river.NewClient(riverpgxv5.New(pool), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = c.StopAndCancel(ctx)
-	})
 	tg := tag(t)
 	args := RecArgs{Tag: tg, FailRuns: -1}
 	id := insert(t, c, "fixed-3-dlq", args)
@@ -746,10 +731,7 @@ func scenarioWorkerSigkill(t *testing.T) {
 	t.Setenv(runsDirEnv, t.TempDir())
 	rb, _ := loggedRebound(t, confSidecar.Target)
 	worker := startWorkerProcessEnv(t, "fixed-3-dlq", "REBOUND_TARGET="+confSidecar.Target)
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{MaxAttempts: rebound.LibraryAttempts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	inserter := inserter(t)
 	ctx := context.Background()
 	res, err := inserter.Insert(ctx, SleepArgs{}, &river.InsertOpts{Queue: "fixed-3-dlq"})
 	if err != nil {
@@ -811,19 +793,7 @@ func scenarioBrokerRestart(t *testing.T) {
 		RescueStuckJobsAfter: 5 * time.Second,
 		JobTimeout:           4 * time.Second,
 	}
-	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
-	c, err := river.NewClient(riverpgxv5.New(own), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = c.StopAndCancel(sctx)
-	})
+	c := startClient(t, ctx, own, cfg, reboundriver.New(rb, reboundriver.Options{}))
 	tg := tag(t)
 	type queued struct {
 		id   int64

@@ -179,10 +179,7 @@ func TestWorkerKilledMidJobIsRescued(t *testing.T) {
 	worker := startWorkerProcess(t, "crash")
 
 	// Only insert (no queues): a client that does not work jobs.
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{MaxAttempts: rebound.LibraryAttempts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	inserter := inserter(t)
 	res, err := inserter.Insert(context.Background(), SleepArgs{}, &river.InsertOpts{Queue: "crash"})
 	if err != nil {
 		t.Fatal(err)
@@ -222,10 +219,7 @@ func TestWorkerKilledMidJobIsRescued(t *testing.T) {
 func TestRescuedPastMaxAttemptsIsGivenUp(t *testing.T) {
 	rb := newRebound(t, sidecar.Target, "rescued")
 	t.Setenv(runsDirEnv, t.TempDir())
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{MaxAttempts: rebound.LibraryAttempts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	inserter := inserter(t)
 	ctx := context.Background()
 	res, err := inserter.Insert(ctx, BlockArgs{}, &river.InsertOpts{Queue: "rescued"})
 	if err != nil {

@@ -279,16 +279,6 @@ func countedAttempts(t *testing.T, id int64, runs []faultRun) {
 	}
 }
 
-// inserter is a River client that only inserts and reads jobs.
-func inserter(t *testing.T) *river.Client[pgx5Tx] {
-	t.Helper()
-	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{MaxAttempts: rebound.LibraryAttempts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 func insertOn(t *testing.T, c *river.Client[pgx5Tx], queue string, args river.JobArgs) int64 {
 	t.Helper()
 	res, err := c.Insert(context.Background(), args, &river.InsertOpts{Queue: queue})
@@ -668,19 +658,7 @@ func ownRiver(t *testing.T, rb *rebound.Rebound, p *pgxpool.Pool, queue string) 
 		RescueStuckJobsAfter: 3 * time.Second,
 		JobTimeout:           2 * time.Second,
 	}
-	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
-	c, err := river.NewClient(riverpgxv5.New(p), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = c.StopAndCancel(ctx)
-	})
+	c := startClient(t, context.Background(), p, cfg, reboundriver.New(rb, reboundriver.Options{}))
 	return c
 }
 
@@ -964,19 +942,7 @@ func faultStartContextCancelled(t *testing.T) {
 		FetchCooldown:     20 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 	}
-	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
-	c, err := river.NewClient(riverpgxv5.New(pool), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = c.StopAndCancel(sctx)
-	})
+	c := startClient(t, ctx, pool, cfg, reboundriver.New(rb, reboundriver.Options{}))
 	id := insertOn(t, c, "fixed-1-dlq", FaultArgs{Block: true})
 	eventually(t, 30*time.Second, "the run", func() bool { return len(faultRuns(t, dir, id)) == 1 })
 	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {

@@ -251,20 +251,38 @@ func startRiverWith(t *testing.T, rb *rebound.Rebound, edit func(*river.Config),
 	if edit != nil {
 		edit(cfg)
 	}
-	reboundriver.Configure(cfg, reboundriver.New(rb, reboundriver.Options{}))
-	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
+	client := startClient(t, context.Background(), pool, cfg, reboundriver.New(rb, reboundriver.Options{}))
+	return client
+}
+
+// inserter is a River client that only inserts and reads jobs.
+func inserter(t *testing.T) *river.Client[pgx5Tx] {
+	t.Helper()
+	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{MaxAttempts: rebound.LibraryAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := client.Start(context.Background()); err != nil {
+	return c
+}
+
+// startClient installs the adapter on cfg, starts a River client on pool p with ctx (its
+// cancellation stops the client, as in a worker's main), and stops it when the test ends.
+func startClient(t *testing.T, ctx context.Context, p *pgxpool.Pool, cfg *river.Config, adapter *reboundriver.Adapter) *river.Client[pgx5Tx] {
+	t.Helper()
+	reboundriver.Configure(cfg, adapter)
+	c, err := river.NewClient(riverpgxv5.New(p), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = client.StopAndCancel(ctx)
+		_ = c.StopAndCancel(stopCtx)
 	})
-	return client
+	return c
 }
 
 func insert(t *testing.T, c *river.Client[pgx5Tx], queue string, args river.JobArgs) int64 {

@@ -12,13 +12,12 @@ const assert = require('node:assert/strict');
 const { spawn, execFileSync } = require('node:child_process');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const net = require('node:net');
 const path = require('node:path');
 const readline = require('node:readline');
 const { Queue, Job } = require('bullmq');
 const Bull = require('bull');
 const { createRebound } = require('../..');
-const { Proc, Events, REPO, waitFor, sleep, freePort, binaries, lastLine, redisDirs } = require('./harness');
+const { ConformanceSidecar, Events, REPO, waitFor, sleep, freePort, lastLine, redisDirs } = require('./harness');
 const { startWorker, redisConnection } = require('./fixtures/worker');
 
 const CONFORMANCE = path.join(REPO, 'clients', 'conformance');
@@ -42,39 +41,17 @@ function scenario(id, lib, what, fn, opts = {}) {
 // ---------------------------------------------------------------------------------------
 // The sidecar: one for the file, on a fixed address; tests that kill it start it again.
 
-let bins;
-const sidecar = { port: 0, target: '', proc: null, starts: 0 };
-async function startSidecar() {
-  sidecar.starts++;
-  sidecar.proc = new Proc('rebound-sidecar', bins.sidecar, [
-    '--policies-file', path.join(CONFORMANCE, 'policies.yaml'), '--namespace', 'conformance',
-    '--listen', sidecar.target, '--no-admin', '--log-format', 'json',
-  ], { logFile: path.join(RUN_DIR, `sidecar-${sidecar.starts}.log`) });
-  await waitFor('the sidecar to listen', () => accepts(sidecar.port), { timeoutMs: 30_000, intervalMs: 10 });
-  return Date.now();
-}
+const sidecar = new ConformanceSidecar(RUN_DIR);
 async function ensureSidecar() {
-  if (!sidecar.proc?.alive()) await startSidecar();
-}
-function accepts(port) {
-  return new Promise((resolve) => {
-    const s = net.connect({ host: '127.0.0.1', port }, () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.on('error', () => resolve(false));
-  });
+  if (!sidecar.proc?.alive()) await sidecar.start();
 }
 
 before(async () => {
   fs.mkdirSync(RUN_DIR, { recursive: true });
-  bins = await binaries();
-  sidecar.port = await freePort();
-  sidecar.target = `127.0.0.1:${sidecar.port}`;
-  await startSidecar();
+  await sidecar.start();
 });
 after(async () => {
-  await sidecar.proc?.stop();
+  await sidecar.stop();
 });
 
 // ---------------------------------------------------------------------------------------
@@ -306,7 +283,7 @@ for (const lib of ['bullmq', 'bull']) {
     assert.ok(decisions.every((d) => d.source === expect.source && d.policySource === expect.policySource), JSON.stringify(decisions.map((d) => [d.source, d.policySource])));
     assert.equal(await ctx.deadCount(), expect.deadLetters);
     // The same questions to the sidecar, back: the same answers.
-    await startSidecar();
+    await sidecar.start();
     const asker = createRebound({ target: sidecar.target, logger: false, deadlineMs: 5000 });
     try {
       await waitFor('the sidecar serving', async () => (await asker.decide({ queue: 'fixed-3-dlq', attempt: 1, jobId: 'probe' })).source === 'sidecar');
@@ -383,7 +360,7 @@ scenario('sidecar-down-at-start', lib, 'the worker starts without a sidecar, say
   await ctx.add('fixed-3', { failRuns: 1 }, { key: early });
   const [d0] = await ctx.events.until('an answer before the sidecar', (e) => e.of('decision', early).length && e.of('decision', early));
   assert.deepEqual([d0.source, d0.policySource], ['fallback', expect.policySource ?? 'default']);
-  const upAt = await startSidecar();
+  const upAt = await sidecar.start();
   const loaded = await ctx.events.until('the policy fetched after the sidecar came up', (e) => e.of('log').find((l) => l.event === 'rebound.prefetched' && l.queue === 'fixed-3'), { timeoutMs: 30_000 });
   const ms = loaded.t - upAt;
   t.diagnostic(`sidecar listening → policy fetched: ${ms} ms (design bound ${expect.backToSidecarWithinMs} ms)`);
@@ -460,7 +437,7 @@ scenario('sidecar-restart-reconnects', lib, 'sidecar SIGKILLed and restarted thr
       await sidecar.proc.stop('SIGKILL');
       await ctx.events.until('fallback answers', (e) => e.of('decision').some((d) => d.t > killedAt && d.source === 'fallback'));
       await sleep(downMs);
-      const upAt = await startSidecar();
+      const upAt = await sidecar.start();
       const back = await ctx.events.until('an answer from the sidecar again', (e) => e.of('decision').find((d) => d.t > upAt && d.source === 'sidecar'), { timeoutMs: 60_000 });
       figures.push({ downMs, backMs: back.t - upAt });
     }

@@ -21,7 +21,7 @@ const readline = require('node:readline');
 const { Queue, Job } = require('bullmq');
 const Redis = require('ioredis');
 const { createRebound } = require('../..');
-const { Proc, Events, REPO, waitFor, sleep, freePort, binaries, lastLine, redisDirs } = require('./harness');
+const { ConformanceSidecar, Events, REPO, waitFor, sleep, lastLine, redisDirs } = require('./harness');
 const { startWorker, redisConnection } = require('./fixtures/worker');
 
 const CONFORMANCE = path.join(REPO, 'clients', 'conformance');
@@ -57,35 +57,14 @@ function scenario(id, lib, what, fn, opts = {}) {
 // ---------------------------------------------------------------------------------------
 // The sidecar: one for the file; a test that stops it continues it in its cleanup.
 
-let bins;
-const sidecar = { port: 0, target: '', proc: null, starts: 0 };
-async function startSidecar() {
-  sidecar.starts++;
-  sidecar.proc = new Proc('rebound-sidecar', bins.sidecar, [
-    '--policies-file', path.join(CONFORMANCE, 'policies.yaml'), '--namespace', 'conformance',
-    '--listen', sidecar.target, '--no-admin', '--log-format', 'json',
-  ], { logFile: path.join(RUN_DIR, `sidecar-${sidecar.starts}.log`) });
-  await waitFor('the sidecar to listen', () => accepts(sidecar.port), { timeoutMs: 30_000, intervalMs: 10 });
-}
-function accepts(port) {
-  return new Promise((resolve) => {
-    const s = net.connect({ host: '127.0.0.1', port }, () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.on('error', () => resolve(false));
-  });
-}
+const sidecar = new ConformanceSidecar(RUN_DIR);
 
 before(async () => {
   fs.mkdirSync(RUN_DIR, { recursive: true });
-  bins = await binaries();
-  sidecar.port = await freePort();
-  sidecar.target = `127.0.0.1:${sidecar.port}`;
-  await startSidecar();
+  await sidecar.start();
 });
 after(async () => {
-  await sidecar.proc?.stop();
+  await sidecar.stop();
 });
 
 // ---------------------------------------------------------------------------------------

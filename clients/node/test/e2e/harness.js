@@ -406,8 +406,54 @@ class Events {
 }
 
 /** A RetryPolicy manifest from a spec object (JSON is YAML). */
+/** Resolves true once something accepts TCP connections on 127.0.0.1:port. */
+function accepts(port) {
+  return new Promise((resolve) => {
+    const s = net.connect({ host: '127.0.0.1', port }, () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.on('error', () => resolve(false));
+  });
+}
+
+/**
+ * The rebound-sidecar of one test file: clients/conformance/policies.yaml (namespace
+ * conformance) on an address fixed for the file, so a test may kill it and start it again
+ * where the workers look for it. Logs in runDir/sidecar-<n>.log, one per start.
+ */
+class ConformanceSidecar {
+  constructor(runDir) {
+    this.runDir = runDir;
+    this.port = 0;
+    this.target = '';
+    this.proc = null;
+    this.starts = 0;
+  }
+
+  /** Starts it and waits until it listens; resolves to the time it did (ms). */
+  async start() {
+    if (!this.port) {
+      this.bins = await binaries();
+      this.port = await freePort();
+      this.target = `127.0.0.1:${this.port}`;
+    }
+    this.starts++;
+    this.proc = new Proc('rebound-sidecar', this.bins.sidecar, [
+      '--policies-file', path.join(REPO, 'clients', 'conformance', 'policies.yaml'), '--namespace', 'conformance',
+      '--listen', this.target, '--no-admin', '--log-format', 'json',
+    ], { logFile: path.join(this.runDir, `sidecar-${this.starts}.log`) });
+    await waitFor('the sidecar to listen', () => accepts(this.port), { timeoutMs: 30_000, intervalMs: 10 });
+    return Date.now();
+  }
+
+  async stop() {
+    await this.proc?.stop();
+  }
+}
+
 function retryPolicy(name, spec) {
   return JSON.stringify({ apiVersion: 'rebound.dev/v1alpha1', kind: 'RetryPolicy', metadata: { name }, spec });
 }
 
-module.exports = { Stack, Proc, Events, REPO, retryPolicy, waitFor, sleep, freePort, parseMetrics, httpGet, run, binaries, lastLine, redisDirs };
+module.exports = { Stack, Proc, ConformanceSidecar, Events, REPO, retryPolicy, waitFor, sleep, freePort, parseMetrics, httpGet, run, binaries, lastLine, redisDirs };

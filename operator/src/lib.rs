@@ -21,6 +21,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod objects;
+pub mod owned;
 pub mod reconcile;
 pub mod status;
 pub mod summary;

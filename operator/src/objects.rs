@@ -92,6 +92,18 @@ impl PolicyView {
     }
 }
 
+/// The part of `status` the operator's field manager owns (`null` when it owns none).
+fn owned_status(
+    managed: Option<&[ManagedFieldsEntry]>,
+    status: &serde_json::Value,
+) -> serde_json::Value {
+    let wrapped = serde_json::json!({ "status": status });
+    crate::owned::fields_of(managed.unwrap_or_default(), crate::FIELD_MANAGER, "status")
+        .and_then(|fields| crate::owned::project(&wrapped, &fields))
+        .and_then(|mut v| v.get_mut("status").map(serde_json::Value::take))
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// Deserializes a spec, naming the offending field the way the API server would.
 fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> {
     serde_path_to_error::deserialize::<_, RetryPolicySpec>(value).map_err(|e| {
@@ -107,10 +119,15 @@ fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> 
     })
 }
 
-/// Keeps of a RetryPolicy what a reconcile reads (identity, generation, spec, status)
-/// before it enters the watch cache. Labels, annotations (up to 256 KiB per object),
-/// managed fields and owner references are never read.
+/// Keeps of a RetryPolicy what a reconcile reads (identity, generation, spec, and of the
+/// status only the fields the operator's field manager owns) before it enters the watch
+/// cache. Labels, annotations (up to 256 KiB per object), managed fields and owner
+/// references are never read. Conditions and fields other tools add to the status are
+/// dropped here, so they never make the operator's status differ from what it wants.
 pub fn slim_policy(obj: &mut DynamicObject) {
+    if let Some(status) = obj.data.get_mut("status") {
+        *status = owned_status(obj.metadata.managed_fields.as_deref(), status);
+    }
     let meta = &mut obj.metadata;
     meta.managed_fields = None;
     meta.annotations = None;

@@ -11,12 +11,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use rebound_policy::compiled::MAX_DOCUMENT_BYTES;
 use rebound_policy::pattern::policy_order;
 use rebound_policy::{PolicyOutcome, PolicySource, compile};
 use tracing::{debug, warn};
 
-use crate::configmap::{self, Compressed, Desired, Plan};
+use crate::configmap::{self, Compressed, Desired, Overflow, Plan};
 use crate::context::{Context, Memory};
 use crate::error::Error;
 use crate::freshness::{Written, compare};
@@ -93,24 +92,31 @@ async fn reconcile_namespace(
     let has_policies = !views.is_empty();
     // Compiling, compressing and fitting are CPU work (a large namespace takes tens of
     // milliseconds): on the blocking pool, like the summaries.
-    let (ns, last) = (namespace.to_owned(), memory.compressed.take());
-    let fitted = tokio::task::spawn_blocking(move || {
-        let mut last = last;
-        let fitted = fit(&ns, sources, has_policies, &mut last);
-        (fitted, last)
+    let (ns, mut last) = (namespace.to_owned(), memory.compressed.take());
+    let (first, last) = blocking(namespace, move || {
+        let first = fit_all(&ns, sources, has_policies, &mut last);
+        (first, last)
     })
-    .await;
+    .await?;
+    memory.compressed = last;
     let Fitted {
         compilation,
         desired,
         left_out,
-    } = match fitted {
-        Ok((fitted, last)) => {
+    } = match first {
+        Ok(fitted) => fitted,
+        Err(over) => {
+            // Rare: only a namespace over a limit asks the server what it serves now.
+            let served = served_now(ctx, namespace, cm_name).await?;
+            let (ns, mut last) = (namespace.to_owned(), memory.compressed.take());
+            let (fitted, last) = blocking(namespace, move || {
+                let fitted = fit_within(&ns, over, &served, has_policies, &mut last);
+                (fitted, last)
+            })
+            .await?;
             memory.compressed = last;
             fitted
         }
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => return Err(Error::Internal(format!("compiling {namespace}: {e}"))),
     };
 
     let cached = ctx.stores.configmap(namespace, cm_name);
@@ -195,62 +201,119 @@ async fn reconcile_namespace(
     }
 }
 
-/// What a namespace's reconcile writes: the compilation of the policies that fit, its
-/// document, and why each policy left out was left out.
-struct Fitted {
-    compilation: rebound_policy::Compilation,
-    desired: Desired,
-    /// By policy name.
-    left_out: HashMap<String, Blocked>,
+/// Runs CPU work on the blocking pool; a panic there is a panic here.
+async fn blocking<T: Send + 'static>(
+    namespace: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => Ok(value),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Error::Internal(format!("compiling {namespace}: {e}"))),
+    }
 }
 
-/// Compiles the namespace. When the document does not fit a ConfigMap even compressed,
-/// the oldest policies that fit are compiled (the order that also settles conflicts:
-/// older first, then by name) and the rest are left out, each reporting that it does not
-/// fit; so a policy that pushes a namespace over the limit never takes the others down.
-fn fit(
+/// What a namespace's reconcile writes: the compilation of the policies that fit, its
+/// document, and why each policy left out was left out.
+pub struct Fitted {
+    pub compilation: rebound_policy::Compilation,
+    pub desired: Desired,
+    /// By policy name.
+    pub left_out: HashMap<String, Blocked>,
+}
+
+/// A namespace whose whole document passes a limit.
+pub struct Over {
+    sources: Vec<PolicySource>,
+    overflow: Overflow,
+    /// Names of the policies that fail validation: they take no room in the document.
+    invalid: HashSet<String>,
+}
+
+/// The policies the live document serves: uid → generation.
+pub type Served = HashMap<String, i64>;
+
+/// Compiles a namespace's policies into one document, or says which limit it passes.
+pub fn fit_all(
     namespace: &str,
     sources: Vec<PolicySource>,
     has_policies: bool,
     last: &mut Compressed,
+) -> Result<Fitted, Over> {
+    let (compilation, desired) = attempt(namespace, sources.clone(), has_policies, last);
+    match desired {
+        Ok(desired) => Ok(Fitted {
+            compilation,
+            desired,
+            left_out: HashMap::new(),
+        }),
+        Err(overflow) => Err(Over {
+            invalid: compilation
+                .outcomes
+                .iter()
+                .filter(|(_, o)| matches!(o, PolicyOutcome::Invalid(_)))
+                .map(|(name, _)| name.clone())
+                .collect(),
+            sources,
+            overflow,
+        }),
+    }
+}
+
+/// Fits a namespace whose whole document passes a limit, so that a change never takes
+/// down what is served: the policies the live document serves at their current
+/// generation come first, then every other valid one (new, edited, fixed, or left out
+/// before), each group in policy order (older first, then by name); the longest prefix of
+/// that order that fits is compiled, and the rest report `DocumentTooLarge` with the
+/// limit the whole passed. Invalid policies take no room: they are compiled (to report
+/// `InvalidSpec`) but never counted as left out.
+pub fn fit_within(
+    namespace: &str,
+    over: Over,
+    served: &Served,
+    has_policies: bool,
+    last: &mut Compressed,
 ) -> Fitted {
-    let attempt = |sources: Vec<PolicySource>, last: &mut Compressed| {
-        let compilation = compile(namespace, sources);
-        let desired = Desired::new(
-            compilation.document.to_json(),
-            compilation.document.hash.clone(),
-            has_policies,
-            last,
-        );
-        desired.map(|d| (compilation, d))
+    let Over {
+        sources,
+        overflow,
+        invalid,
+    } = over;
+    let (invalid, mut ordered): (Vec<PolicySource>, Vec<PolicySource>) =
+        sources.into_iter().partition(|s| invalid.contains(&s.name));
+    let fresh = |s: &PolicySource| served.get(&s.uid) != Some(&s.generation);
+    ordered.sort_by(|a, b| {
+        fresh(a)
+            .cmp(&fresh(b))
+            .then_with(|| policy_order((a.created, &a.name), (b.created, &b.name)))
+    });
+    let with_invalid = |prefix: &[PolicySource]| {
+        let mut all = prefix.to_vec();
+        all.extend(invalid.iter().cloned());
+        all
     };
-    let bytes = match attempt(sources.clone(), last) {
-        Ok((compilation, desired)) => {
-            return Fitted {
-                compilation,
-                desired,
-                left_out: HashMap::new(),
-            };
-        }
-        Err(bytes) => bytes,
-    };
-    let mut ordered = sources;
-    ordered.sort_by(|a, b| policy_order((a.created, &a.name), (b.created, &b.name)));
-    // The largest prefix that fits: none always does (the empty document).
+    // The longest prefix that fits: none always does (a document without policies).
     let (mut fits, mut too_many) = (0, ordered.len());
     while too_many - fits > 1 {
         let mid = fits + (too_many - fits) / 2;
-        if attempt(ordered[..mid].to_vec(), &mut None).is_ok() {
+        let (_, desired) = attempt(
+            namespace,
+            with_invalid(&ordered[..mid]),
+            has_policies,
+            &mut None,
+        );
+        if desired.is_ok() {
             fits = mid;
         } else {
             too_many = mid;
         }
     }
     let rest = ordered.split_off(fits);
-    let (compilation, desired) = match attempt(ordered, last) {
-        Ok(fitted) => fitted,
+    let (compilation, desired) = attempt(namespace, with_invalid(&ordered), has_policies, last);
+    let (compilation, desired) = match desired {
+        Ok(desired) => (compilation, desired),
         // Unreachable in practice (the prefix was just tried); the empty document fits.
-        Err(_) => attempt(Vec::new(), last).unwrap_or_else(|_| {
+        Err(_) => {
             let compilation = compile(namespace, Vec::new());
             let desired = Desired {
                 json: compilation.document.to_json(),
@@ -259,11 +322,12 @@ fn fit(
                 compressed: None,
             };
             (compilation, desired)
-        }),
+        }
     };
     let too_large = Blocked::TooLarge {
-        bytes,
-        limit: MAX_DOCUMENT_BYTES,
+        limit: overflow.limit.name(),
+        bytes: overflow.bytes,
+        max: overflow.limit.bytes(),
         served: compilation.document.policies.len(),
     };
     let left_out = rest
@@ -274,6 +338,43 @@ fn fit(
         compilation,
         desired,
         left_out,
+    }
+}
+
+/// Compiles `sources` and stores the document as it would be written.
+fn attempt(
+    namespace: &str,
+    sources: Vec<PolicySource>,
+    has_policies: bool,
+    last: &mut Compressed,
+) -> (rebound_policy::Compilation, Result<Desired, Overflow>) {
+    let compilation = compile(namespace, sources);
+    let desired = Desired::new(
+        compilation.document.to_json(),
+        compilation.document.hash.clone(),
+        has_policies,
+        last,
+    );
+    (compilation, desired)
+}
+
+/// What the namespace's ConfigMap serves now, read from the server (a ConfigMap that is
+/// not ours, or holds no readable document, serves nothing of ours).
+async fn served_now(ctx: &Context, namespace: &str, name: &str) -> Result<Served, Error> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::api(format!("reading ConfigMap {namespace}/{name}"), e))?;
+    let Some(cm) = found.filter(|cm| ConfigMapView::from_configmap(cm).managed) else {
+        return Ok(Served::new());
+    };
+    match configmap::served(&cm) {
+        Ok(served) => Ok(served),
+        Err(e) => {
+            warn!(%namespace, configmap = name, error = %e, "the live document is unreadable; fitting in policy order");
+            Ok(Served::new())
+        }
     }
 }
 

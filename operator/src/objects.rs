@@ -299,6 +299,14 @@ mod tests {
     fn slim_policy_keeps_spec_and_status_only() {
         let mut obj = object(json!({"queues": ["a"]}));
         obj.data["status"] = json!({"observedGeneration": 3});
+        obj.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(crate::FIELD_MANAGER.to_owned()),
+            subresource: Some("status".to_owned()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                json!({"f:status": {"f:observedGeneration": {}}}),
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
         obj.data["extra"] = json!("x".repeat(1000));
         obj.metadata.annotations = Some([("big".to_owned(), "x".repeat(256 * 1024))].into());
         obj.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
@@ -308,6 +316,39 @@ mod tests {
         assert!(obj.data.get("extra").is_none());
         let after = PolicyView::from_dynamic(&obj).expect("view");
         assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
+    fn slim_policy_keeps_only_the_status_fields_the_operator_owns() {
+        let mut obj = object(json!({"queues": ["a"]}));
+        obj.data["status"] = json!({
+            "observedGeneration": 3,
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Compiled", "message": "",
+                 "lastTransitionTime": "T"},
+                {"type": "Healthy", "status": "True", "reason": "Probed", "message": "",
+                 "lastTransitionTime": "T"},
+            ],
+        });
+        let ours = json!({"f:status": {"f:observedGeneration": {}, "f:conditions": {
+            "k:{\"type\":\"Ready\"}": {".": {}, "f:type": {}, "f:status": {}, "f:reason": {},
+                "f:message": {}, "f:lastTransitionTime": {}}}}});
+        obj.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(crate::FIELD_MANAGER.to_owned()),
+            subresource: Some("status".to_owned()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                ours,
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
+        let mut without = obj.clone();
+        slim_policy(&mut obj);
+        let conditions = obj.data["status"]["conditions"].as_array().map(Vec::len);
+        assert_eq!(conditions, Some(1));
+        // Without an entry of ours, nothing of the status is ours.
+        without.metadata.managed_fields = None;
+        slim_policy(&mut without);
+        assert!(PolicyView::from_dynamic(&without).is_some_and(|v| v.status.is_none()));
     }
 
     fn configmap(labels: &[(&str, &str)], data: &[(&str, &str)]) -> ConfigMap {

@@ -499,6 +499,7 @@ async fn refresh_summaries(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rebound_policy::compiled::MAX_DOCUMENT_BYTES;
 
     fn view(rv: &str) -> ConfigMapView {
         ConfigMapView {
@@ -542,6 +543,95 @@ mod tests {
         assert_eq!(seen_configmap(None, &mut memory), Seen::AskServer);
         let mut nothing = None;
         assert_eq!(seen_configmap(None, &mut nothing), Seen::Known(None));
+    }
+
+    /// A policy of pseudo-random queue names and error classes (fixed seed): about 19 KiB
+    /// gzip'd, so about 47 fill the ConfigMap limit.
+    fn noisy(i: usize, spec: serde_json::Value) -> PolicySource {
+        let mut x = i as u64 + 1;
+        let mut noise = |kind: &str, j: usize| {
+            let text: String = (0..230)
+                .map(|_| {
+                    x = rebound_policy::decide::mix64(x);
+                    char::from(b'a' + (x % 26) as u8)
+                })
+                .collect();
+            format!("{kind}-{i}-{j}-{text}")
+        };
+        let mut spec = spec;
+        spec["queues"] = (0..64).map(|j| noise("q", j)).collect();
+        spec["nonRetryableErrors"] = (0..64).map(|j| noise("e", j)).collect();
+        PolicySource {
+            name: format!("p{i:02}"),
+            namespace: "ns".to_owned(),
+            uid: format!("uid-{i}"),
+            generation: 1,
+            created: Some(0),
+            spec: serde_json::from_value(spec).expect("spec"),
+        }
+    }
+
+    #[test]
+    fn over_the_limit_what_is_served_stays_and_invalid_policies_are_not_left_out() {
+        let invalid = serde_json::json!({"backoff": {"base": "10s", "cap": "1s"}});
+        let sources: Vec<PolicySource> = (0..60)
+            .map(|i| {
+                noisy(
+                    i,
+                    if i == 10 {
+                        invalid.clone()
+                    } else {
+                        serde_json::json!({})
+                    },
+                )
+            })
+            .collect();
+        // The youngest forty are served; p00 was served at an older generation.
+        let mut served: Served = (20..60).map(|i| (format!("uid-{i}"), 1)).collect();
+        served.insert("uid-0".to_owned(), 0);
+        let Err(over) = fit_all("ns", sources, true, &mut None) else {
+            panic!("60 policies of 19 KiB fit in 900 KiB");
+        };
+        assert_eq!(over.overflow.limit, configmap::Limit::Compressed);
+        let fitted = fit_within("ns", over, &served, true, &mut None);
+        let compiled: HashSet<&str> = fitted
+            .compilation
+            .document
+            .policies
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        for i in 20..60 {
+            assert!(
+                compiled.contains(format!("p{i:02}").as_str()),
+                "p{i:02} evicted"
+            );
+        }
+        assert!(!fitted.left_out.is_empty());
+        assert!(
+            !fitted.left_out.contains_key("p10"),
+            "an invalid policy takes no room"
+        );
+        let outcome = fitted.compilation.outcomes.iter().find(|(n, _)| n == "p10");
+        assert!(matches!(outcome, Some((_, PolicyOutcome::Invalid(_)))));
+        for (name, why) in &fitted.left_out {
+            assert!(!compiled.contains(name.as_str()));
+            let Blocked::TooLarge {
+                limit,
+                bytes,
+                max,
+                served,
+                ..
+            } = why
+            else {
+                panic!("{name}: {why:?}");
+            };
+            assert_eq!((*limit, *max), ("compressed", MAX_DOCUMENT_BYTES));
+            assert!(*bytes > MAX_DOCUMENT_BYTES);
+            assert_eq!(*served, compiled.len());
+        }
+        // Every policy is compiled, invalid, or left out.
+        assert_eq!(compiled.len() + 1 + fitted.left_out.len(), 60);
     }
 
     #[test]

@@ -532,6 +532,24 @@ mod tests {
     }
 
     #[test]
+    fn too_large_names_the_limit_that_was_passed() {
+        let json = Verdict::Blocked(Blocked::TooLarge {
+            limit: "json",
+            bytes: 9_073_895,
+            max: 8_388_608,
+            served: 35,
+        });
+        let s = desired(1, &json, None, None, "T", "cm");
+        assert_eq!(ready(&s).reason, reason::DOCUMENT_TOO_LARGE);
+        let words: Vec<&str> = ready(&s).message.split_whitespace().collect();
+        assert_eq!(
+            words[..6],
+            ["json", "limit", "exceeded:", "9073895", ">", "8388608"]
+        );
+        assert_eq!(words[8], "35");
+    }
+
+    #[test]
     fn long_messages_are_truncated_on_a_char_boundary() {
         let long = "é".repeat(2000);
         let t = truncate(long);

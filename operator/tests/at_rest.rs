@@ -136,16 +136,17 @@ async fn at_rest_nothing_is_written_and_a_growing_policy_leaves_only_itself_out(
     tokio::time::sleep(window()).await;
     let end = Snapshot::take(&op, client, &[&foreign, &big]).await?;
     ensure!(
-        end.reconciles - start.reconciles >= 10.0,
-        "only {} reconciles in the window",
-        end.reconciles - start.reconciles
-    );
-    ensure!(
         end.writes == start.writes,
         "{} writes at rest",
         end.writes - start.writes
     );
     ensure!(end.versions == start.versions, "objects changed at rest");
+    // The window did see reconciles (each namespace about every 2 s).
+    ensure!(
+        end.reconciles - start.reconciles >= 5.0,
+        "only {} reconciles in the window",
+        end.reconciles - start.reconciles
+    );
     // The other tool's condition and field are left where they are.
     let p0 = status_json(client, &foreign, "p0").await?;
     let types: Vec<&str> = p0["conditions"]

@@ -34,11 +34,17 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
     let mut memory = ctx.take_memory(&namespace);
     let result = reconcile_namespace(&namespace, &ctx, &mut memory).await;
     let unconfirmed = memory.has_unconfirmed_writes();
+    // A namespace's memory at its default is not kept: a deleted namespace leaves nothing.
     ctx.put_memory(&namespace, memory);
     ctx.metrics
         .reconciled(result.is_ok(), started.elapsed().as_secs_f64());
-    result?;
+    let holds_ours = result?;
     ctx.requeue.succeeded(&namespace);
+    if !holds_ours && !unconfirmed {
+        // No policy and no ConfigMap: nothing to resync. Any that appears is a watch
+        // event, which triggers a reconcile; so a deleted namespace is not requeued forever.
+        return Ok(Action::await_change());
+    }
     // Our own status writes trigger nothing, so without this the writes remembered for a
     // namespace would stay in memory until its next resync (five minutes by default): with
     // 100,000 policies that is the largest thing the operator holds. A reconcile soon
@@ -62,11 +68,19 @@ pub fn error_policy(key: Arc<Namespace>, error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
+/// How long ConfigMap writes must keep failing before the policies say `ApplyFailed`.
+/// Until then a failed write only requeues the namespace with backoff and leaves every
+/// status as it is, so one refused write costs one retry, not two status writes and
+/// events per policy (there and back).
+pub const APPLY_FAILED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reconciles one namespace; `Ok(false)` when it holds nothing of ours (no RetryPolicy,
+/// no ConfigMap).
 async fn reconcile_namespace(
     namespace: &str,
     ctx: &Context,
     memory: &mut Memory,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let cm_name = ctx.flags.configmap_name.as_str();
     let views: Vec<Arc<PolicyView>> = ctx
         .stores
@@ -143,9 +157,13 @@ async fn reconcile_namespace(
     };
     let mut failure = None;
     match write_configmap(ctx, namespace, cm_name, plan, memory).await {
-        Ok(()) => {}
+        Ok(()) => memory.apply_failing_since = None,
         Err(e @ Error::Conflict(_)) => return Err(e),
         Err(e) => {
+            let since = *memory.apply_failing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < APPLY_FAILED_AFTER {
+                return Err(e);
+            }
             blocked = Some(Blocked::ApplyFailed {
                 message: e.to_string(),
             });
@@ -197,7 +215,7 @@ async fn reconcile_namespace(
     debug!(%namespace, %hash, policies = figures.compiled, not_ready = figures.not_ready, "reconciled");
     match failure {
         Some(e) => Err(e),
-        None => status_result,
+        None => status_result.map(|()| exists),
     }
 }
 

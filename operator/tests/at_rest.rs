@@ -409,3 +409,200 @@ fn gz_len(namespace: &str, sources: Vec<PolicySource>) -> Result<usize> {
     gz.write_all(json.as_bytes())?;
     Ok(gz.finish()?.len())
 }
+
+/// The samples of `name` with exactly `labels` (e.g. `{result="error"}`), or 0.
+fn sample(op: &Operator, name: &str, labels: &str) -> Result<f64> {
+    let text = http_get(op.metrics, "/metrics")?.ok()?;
+    let series = format!("{name}{labels} ");
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_namespaces_are_forgotten() -> Result<()> {
+    let env = TestEnv::new("op-forget").await?;
+    let client = &env.client;
+    let mut namespaces = vec![env.namespace.clone()];
+    for _ in 0..2 {
+        namespaces.push(env.cluster.create_namespace(client, "op-forget").await?);
+    }
+    let op = Operator::start(
+        env.cluster.kubeconfig(),
+        vec![
+            format!("--namespaces={}", namespaces.join(",")),
+            format!("--lease-namespace={}", namespaces[0]),
+        ],
+    )?;
+    for ns in &namespaces {
+        env.cluster
+            .kubectl_stdin(["-n", ns, "apply", "-f", "-"], &policy("p", &["q"], 3))?
+            .ok()?;
+        converged(client, ns, WAIT).await?;
+    }
+    // (The last reconcile puts its namespace's state back right after its status write.)
+    eventually("three namespaces held", WAIT, || async {
+        let held = op.metric("rebound_operator_namespaces_held")?;
+        let compiled = op.metric("rebound_operator_policies_compiled")?;
+        Ok((held == 3.0 && compiled == 3.0).then_some(()))
+    })
+    .await?;
+
+    // What deleting a namespace does to its contents (this control plane has no namespace
+    // controller to do it): the policies go, then the ConfigMap, then the namespace.
+    for ns in &namespaces {
+        env.cluster
+            .kubectl(["-n", ns, "delete", "retrypolicy", "--all"])?
+            .ok()?;
+        eventually("the empty document", WAIT, || async {
+            let doc = configmap_document(client, ns).await?;
+            Ok(doc.filter(|(d, _)| d.policies.is_empty()).map(|_| ()))
+        })
+        .await?;
+        env.cluster
+            .kubectl(["-n", ns, "delete", "configmap", CM])?
+            .ok()?;
+        env.cluster
+            .kubectl(["delete", "namespace", ns, "--wait=false"])?
+            .ok()?;
+    }
+    eventually("every namespace forgotten", WAIT, || async {
+        let held = op.metric("rebound_operator_namespaces_held")?;
+        let compiled = op.metric("rebound_operator_policies_compiled")?;
+        let bytes = op.metric("rebound_operator_configmap_bytes")?;
+        Ok((held == 0.0 && compiled == 0.0 && bytes == 0.0).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// A ValidatingAdmissionPolicy refusing every ConfigMap write in one namespace; removed
+/// when dropped (it is cluster-scoped: a failed test must not leave it behind).
+struct Refusal<'a> {
+    env: &'a TestEnv,
+    name: String,
+}
+
+impl<'a> Refusal<'a> {
+    fn start(env: &'a TestEnv) -> Result<Refusal<'a>> {
+        let name = rebound_tests::unique_name("refuse-cm");
+        let ns = &env.namespace;
+        let manifest = format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\n\
+             metadata: {{name: {name}}}\nspec:\n  failurePolicy: Fail\n  matchConstraints:\n    \
+             resourceRules:\n    - apiGroups: [\"\"]\n      apiVersions: [v1]\n      \
+             operations: [CREATE, UPDATE]\n      resources: [configmaps]\n  validations:\n  \
+             - expression: \"false\"\n    message: refused for the test\n---\n\
+             apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\n\
+             metadata: {{name: {name}}}\nspec:\n  policyName: {name}\n  validationActions: [Deny]\n  \
+             matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n"
+        );
+        let refusal = Refusal { env, name };
+        env.cluster
+            .kubectl_stdin(["apply", "-f", "-"], &manifest)?
+            .ok()?;
+        // In force once a dry-run write is refused.
+        rebound_test_support::eventually_blocking("the refusal to be in force", WAIT, || {
+            let probe =
+                env.kubectl(["annotate", "configmap", CM, "probe=1", "--dry-run=server"])?;
+            Ok((!probe.success()).then_some(()))
+        })?;
+        Ok(refusal)
+    }
+}
+
+impl Drop for Refusal<'_> {
+    fn drop(&mut self) {
+        let _ = self.env.cluster.kubectl([
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            &self.name,
+            "--ignore-not-found",
+        ]);
+    }
+}
+
+async fn versions(client: &kube::Client, ns: &str) -> Result<BTreeMap<String, String>> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &retry_policy_resource());
+    Ok(api
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                p.metadata.name.unwrap_or_default(),
+                p.metadata.resource_version.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+async fn ready_reasons(client: &kube::Client, ns: &str) -> Result<Vec<String>> {
+    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            let status = p.status.unwrap_or_default();
+            ready_condition(&status.conditions).map(|c| c.reason.clone())
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_configmap_write_flips_no_status_until_it_persists() -> Result<()> {
+    let env = TestEnv::new("op-refused").await?;
+    let (client, ns) = (&env.client, env.namespace.clone());
+    let op = Operator::start(env.cluster.kubeconfig(), scoped(&ns, &[]))?;
+    let manifests: String = ["p0", "p1", "p2"]
+        .iter()
+        .map(|p| policy(p, &[p], 3))
+        .collect();
+    env.kubectl_stdin(["apply", "-f", "-"], &manifests)?.ok()?;
+    converged(client, &ns, WAIT).await?;
+    let before = versions(client, &ns).await?;
+
+    // A few seconds of refused writes: retried, no status moves.
+    let refusal = Refusal::start(&env)?;
+    env.kubectl_stdin(["apply", "-f", "-"], &policy("p0", &["p0"], 4))?
+        .ok()?;
+    eventually("a refused write", WAIT, || async {
+        let errors = sample(
+            &op,
+            "rebound_operator_reconciles_total",
+            "{result=\"error\"}",
+        )?;
+        Ok((errors >= 1.0).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reasons = ready_reasons(client, &ns).await?;
+    ensure!(!reasons.iter().any(|r| r == "ApplyFailed"), "{reasons:?}");
+    drop(refusal);
+    converged(client, &ns, WAIT).await?;
+    let after = versions(client, &ns).await?;
+    ensure!(
+        after.get("p1") == before.get("p1") && after.get("p2") == before.get("p2"),
+        "unchanged policies were written: {before:?} → {after:?}"
+    );
+    ensure!(
+        !events(client, &ns)
+            .await?
+            .iter()
+            .any(|e| e.reason == "ApplyFailed"),
+        "an ApplyFailed event for a transient failure"
+    );
+
+    // Refused for longer: the policies say so.
+    let _refusal = Refusal::start(&env)?;
+    env.kubectl_stdin(["apply", "-f", "-"], &policy("p0", &["p0"], 5))?
+        .ok()?;
+    wait_for_reason(client, &ns, "p0", "ApplyFailed", WAIT).await?;
+    Ok(())
+}

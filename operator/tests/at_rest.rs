@@ -135,6 +135,17 @@ async fn at_rest_nothing_is_written_and_a_growing_policy_leaves_only_itself_out(
     let start = Snapshot::take(&op, client, &[&foreign, &big]).await?;
     tokio::time::sleep(window()).await;
     let end = Snapshot::take(&op, client, &[&foreign, &big]).await?;
+    eprintln!(
+        "at rest for {:?}: {} writes, {} reconciles, {} objects of which {} changed",
+        window(),
+        end.writes - start.writes,
+        end.reconciles - start.reconciles,
+        end.versions.len(),
+        end.versions
+            .iter()
+            .filter(|(k, v)| start.versions.get(*k) != Some(*v))
+            .count()
+    );
     ensure!(
         end.writes == start.writes,
         "{} writes at rest",

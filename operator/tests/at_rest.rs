@@ -9,13 +9,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
+use common::near_limit::*;
+use common::refusal::*;
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
-use rebound_policy::compiled::MAX_DOCUMENT_BYTES;
-use rebound_policy::{PolicySource, RetryPolicy, RetryPolicySpec, compile};
+use kube::api::{DynamicObject, ListParams};
 use rebound_tests::{TestEnv, retry_policy_resource};
 use serde_json::{Value, json};
 
@@ -76,53 +76,7 @@ async fn at_rest_nothing_is_written_and_a_growing_policy_leaves_only_itself_out(
     let before = converged(client, &big, WAIT).await?;
     ensure!(before.policies.len() == shape.count, "all fit at first");
     apply(&policies, &shape.manifest(0, FULL)).await?;
-    let grown = wait_for_reason(client, &big, &name(0), "DocumentTooLarge", WAIT).await?;
-    let message = ready_condition(&grown.status.clone().unwrap_or_default().conditions)
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    let parsed = TooLarge::parse(&message)?;
-    ensure!(
-        parsed.limit == "compressed"
-            && parsed.max == MAX_DOCUMENT_BYTES
-            && parsed.bytes > MAX_DOCUMENT_BYTES
-            && parsed.served == shape.count - 1,
-        "{parsed:?}"
-    );
-    // Every other policy is still Ready and served at its generation.
-    let typed: Api<RetryPolicy> = Api::namespaced(client.clone(), &big);
-    let others = eventually("the others to stay Ready", WAIT, || async {
-        let list = typed.list(&ListParams::default()).await?.items;
-        let others: Vec<RetryPolicy> = list
-            .into_iter()
-            .filter(|p| p.metadata.name.as_deref() != Some(name(0).as_str()))
-            .collect();
-        let ready = others.iter().all(|p| {
-            let status = p.status.clone().unwrap_or_default();
-            ready_condition(&status.conditions).is_some_and(|c| {
-                c.status == "True" && c.observed_generation == p.metadata.generation
-            })
-        });
-        Ok(ready.then_some(others))
-    })
-    .await?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &big);
-    let (json, _) = stored_document(&cms.get(CM).await?)?;
-    let served = rebound_policy::compiled::CompiledDocument::from_json(&json)?;
-    let served: BTreeMap<String, i64> = served
-        .policies
-        .iter()
-        .map(|p| (p.name.clone(), p.generation))
-        .collect();
-    let wanted: BTreeMap<String, i64> = others
-        .iter()
-        .map(|p| {
-            (
-                p.metadata.name.clone().unwrap_or_default(),
-                p.metadata.generation.unwrap_or_default(),
-            )
-        })
-        .collect();
-    ensure!(served == wanted, "served {served:?}");
+    let parsed = left_out_alone(client, &big, &name(0), &[], shape.count - 1).await?;
     let event = events(client, &big)
         .await?
         .into_iter()
@@ -202,22 +156,6 @@ async fn status_json(client: &kube::Client, ns: &str, name: &str) -> Result<Valu
     Ok(api.get(name).await?.data["status"].clone())
 }
 
-async fn apply(api: &Api<DynamicObject>, manifest: &Value) -> Result<()> {
-    let name = manifest["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let object: DynamicObject = serde_json::from_value(manifest.clone())?;
-    api.patch(
-        &name,
-        &PatchParams::apply("at-rest-test").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .with_context(|| format!("applying {name}"))?;
-    Ok(())
-}
-
 /// What changes if anything is written: the operator's write counter and every object's
 /// resourceVersion.
 struct Snapshot {
@@ -252,184 +190,6 @@ impl Snapshot {
             versions,
         })
     }
-}
-
-/// The `DocumentTooLarge` message, parsed by the grammar of `docs/operator.md`:
-/// `<limit> limit exceeded: <bytes> > <max> bytes; serving <served> policies in ConfigMap
-/// <name> without this one`.
-#[derive(Debug, PartialEq)]
-struct TooLarge {
-    limit: String,
-    bytes: usize,
-    max: usize,
-    served: usize,
-}
-
-impl TooLarge {
-    fn parse(message: &str) -> Result<Self> {
-        let words: Vec<&str> = message.split_whitespace().collect();
-        match words.as_slice() {
-            [
-                limit,
-                "limit",
-                "exceeded:",
-                bytes,
-                ">",
-                max,
-                "bytes;",
-                "serving",
-                served,
-                "policies",
-                "in",
-                "ConfigMap",
-                _,
-                "without",
-                "this",
-                "one",
-            ] => Ok(Self {
-                limit: (*limit).to_owned(),
-                bytes: bytes.parse()?,
-                max: max.parse()?,
-                served: served.parse()?,
-            }),
-            _ => bail!("not the DocumentTooLarge grammar: {message:?}"),
-        }
-    }
-}
-
-const SMALL: usize = 1;
-const FULL: usize = 64;
-
-fn name(i: usize) -> String {
-    format!("p{i:02}")
-}
-
-/// A namespace whose policies' queues and error classes are pseudo-random text (fixed
-/// seed; gzip cannot shrink them much), sized so that all fit in the ConfigMap compressed
-/// while `p00` is small, and not once `p00` has grown to full size: `p01`.. are full, the
-/// last one is a filler of as many queues as that takes.
-struct Shape {
-    namespace: String,
-    count: usize,
-    filler: usize,
-}
-
-impl Shape {
-    fn new(namespace: &str) -> Result<Self> {
-        let mut shape = Self {
-            namespace: namespace.to_owned(),
-            count: 2,
-            filler: FULL,
-        };
-        let full = shape.compressed(&[0, 1])? - shape.compressed(&[0])?;
-        let target = MAX_DOCUMENT_BYTES - 9 * 1024;
-        let base = shape.compressed(&[0])?;
-        // p00, the full ones, and the filler; the estimate adds up policies as if gzip
-        // compressed each alone, which it does not quite.
-        shape.count = 2 + (target - base) / full;
-        shape.filler = 1;
-        while shape.total(SMALL)? > target {
-            shape.count -= 1;
-        }
-        // Then the filler's queues, by bisection, to land just under the target.
-        let (mut lo, mut hi) = (1, FULL);
-        while lo < hi {
-            shape.filler = (lo + hi).div_ceil(2);
-            if shape.total(SMALL)? <= target {
-                lo = shape.filler;
-            } else {
-                hi = shape.filler - 1;
-            }
-        }
-        shape.filler = lo;
-        let (small, grown) = (shape.total(SMALL)?, shape.total(FULL)?);
-        ensure!(
-            small + 3 * 1024 <= MAX_DOCUMENT_BYTES && grown >= MAX_DOCUMENT_BYTES + 3 * 1024,
-            "the shape does not straddle the limit: {small} / {grown} bytes"
-        );
-        eprintln!(
-            "{} policies, {small} bytes compressed; {grown} with p00 grown",
-            shape.count
-        );
-        Ok(shape)
-    }
-
-    fn queues(&self, i: usize) -> usize {
-        if i + 1 == self.count {
-            self.filler
-        } else {
-            FULL
-        }
-    }
-
-    fn total(&self, first: usize) -> Result<usize> {
-        let sources: Vec<PolicySource> = (0..self.count)
-            .map(|i| self.source(i, if i == 0 { first } else { self.queues(i) }))
-            .collect::<Result<_>>()?;
-        gz_len(&self.namespace, sources)
-    }
-
-    fn compressed(&self, which: &[usize]) -> Result<usize> {
-        let sources = which
-            .iter()
-            .map(|&i| self.source(i, if i == 0 { SMALL } else { FULL }))
-            .collect::<Result<_>>()?;
-        gz_len(&self.namespace, sources)
-    }
-
-    fn source(&self, i: usize, queues: usize) -> Result<PolicySource> {
-        let spec: RetryPolicySpec =
-            serde_json::from_value(self.manifest(i, queues)["spec"].clone())?;
-        Ok(PolicySource {
-            name: name(i),
-            namespace: self.namespace.clone(),
-            // As long as a real uid.
-            uid: format!("{:08x}-0000-4000-8000-{:012x}", i * 7919, i * 104_729),
-            generation: 1,
-            created: Some(0),
-            spec,
-        })
-    }
-
-    fn manifest(&self, i: usize, queues: usize) -> Value {
-        let mut x = i as u64 + 1;
-        let mut noise = |kind: &str, j: usize| {
-            let text: String = (0..230)
-                .map(|_| {
-                    x = rebound_policy::decide::mix64(x);
-                    char::from(b'a' + (x % 26) as u8)
-                })
-                .collect();
-            format!("{kind}-{i}-{j}-{text}")
-        };
-        let queues: Vec<String> = (0..queues).map(|j| noise("q", j)).collect();
-        let errors: Vec<String> = (0..queues.len()).map(|j| noise("e", j)).collect();
-        json!({
-            "apiVersion": "rebound.dev/v1alpha1", "kind": "RetryPolicy",
-            "metadata": {"name": name(i), "namespace": self.namespace},
-            "spec": {"queues": queues, "nonRetryableErrors": errors},
-        })
-    }
-}
-
-/// The gzip'd size of the namespace's document, as the operator compresses it.
-fn gz_len(namespace: &str, sources: Vec<PolicySource>) -> Result<usize> {
-    use std::io::Write;
-    let json = compile(namespace, sources).document.to_json();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(json.as_bytes())?;
-    Ok(gz.finish()?.len())
-}
-
-/// The samples of `name` with exactly `labels` (e.g. `{result="error"}`), or 0.
-fn sample(op: &Operator, name: &str, labels: &str) -> Result<f64> {
-    let text = http_get(op.metrics, "/metrics")?.ok()?;
-    let series = format!("{name}{labels} ");
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -489,83 +249,6 @@ async fn deleted_namespaces_are_forgotten() -> Result<()> {
     Ok(())
 }
 
-/// A ValidatingAdmissionPolicy refusing every ConfigMap write in one namespace; removed
-/// when dropped (it is cluster-scoped: a failed test must not leave it behind).
-struct Refusal<'a> {
-    env: &'a TestEnv,
-    name: String,
-}
-
-impl<'a> Refusal<'a> {
-    fn start(env: &'a TestEnv) -> Result<Refusal<'a>> {
-        let name = rebound_tests::unique_name("refuse-cm");
-        let ns = &env.namespace;
-        let manifest = format!(
-            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\n\
-             metadata: {{name: {name}}}\nspec:\n  failurePolicy: Fail\n  matchConstraints:\n    \
-             resourceRules:\n    - apiGroups: [\"\"]\n      apiVersions: [v1]\n      \
-             operations: [CREATE, UPDATE]\n      resources: [configmaps]\n  validations:\n  \
-             - expression: \"false\"\n    message: refused for the test\n---\n\
-             apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\n\
-             metadata: {{name: {name}}}\nspec:\n  policyName: {name}\n  validationActions: [Deny]\n  \
-             matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n"
-        );
-        let refusal = Refusal { env, name };
-        env.cluster
-            .kubectl_stdin(["apply", "-f", "-"], &manifest)?
-            .ok()?;
-        // In force once a dry-run write is refused.
-        rebound_test_support::eventually_blocking("the refusal to be in force", WAIT, || {
-            let probe =
-                env.kubectl(["annotate", "configmap", CM, "probe=1", "--dry-run=server"])?;
-            Ok((!probe.success()).then_some(()))
-        })?;
-        Ok(refusal)
-    }
-}
-
-impl Drop for Refusal<'_> {
-    fn drop(&mut self) {
-        let _ = self.env.cluster.kubectl([
-            "delete",
-            "validatingadmissionpolicybinding,validatingadmissionpolicy",
-            &self.name,
-            "--ignore-not-found",
-        ]);
-    }
-}
-
-async fn versions(client: &kube::Client, ns: &str) -> Result<BTreeMap<String, String>> {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &retry_policy_resource());
-    Ok(api
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(|p| {
-            (
-                p.metadata.name.unwrap_or_default(),
-                p.metadata.resource_version.unwrap_or_default(),
-            )
-        })
-        .collect())
-}
-
-async fn ready_reasons(client: &kube::Client, ns: &str) -> Result<Vec<String>> {
-    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
-    Ok(api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|p| {
-            let status = p.status.unwrap_or_default();
-            ready_condition(&status.conditions).map(|c| c.reason.clone())
-        })
-        .collect())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_configmap_write_flips_no_status_until_it_persists() -> Result<()> {
     let env = TestEnv::new("op-refused").await?;
@@ -615,5 +298,39 @@ async fn a_refused_configmap_write_flips_no_status_until_it_persists() -> Result
     env.kubectl_stdin(["apply", "-f", "-"], &policy("p0", &["p0"], 5))?
         .ok()?;
     wait_for_reason(client, &ns, "p0", "ApplyFailed", WAIT).await?;
+    Ok(())
+}
+
+/// Near the limit, on a cluster whose CRD admits specs the Rust validation refuses: fixing
+/// an old invalid policy (and growing it) leaves out only it, and a new invalid policy
+/// among the left-out ones reports `InvalidSpec`, not `DocumentTooLarge`.
+#[tokio::test(flavor = "multi_thread")]
+async fn near_the_limit_a_fixed_policy_leaves_only_itself_out() -> Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-at-rest-relaxed");
+    let cluster = relaxed_cluster(dir).await?;
+    let client = cluster.client().await?;
+    let ns = cluster.create_namespace(&client, "op-fixed").await?;
+    let _op = Operator::start(cluster.kubeconfig(), scoped(&ns, &[]))?;
+    let shape = Shape::new(&ns)?;
+    let policies: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &retry_policy_resource());
+    // cap below base: refused by CEL in a normal cluster.
+    let invalid = |mut manifest: Value| {
+        manifest["spec"]["backoff"] = json!({"base": "10s", "cap": "1s"});
+        manifest
+    };
+    apply(&policies, &invalid(shape.manifest(0, SMALL))).await?;
+    for i in 1..shape.count {
+        apply(&policies, &shape.manifest(i, shape.queues(i))).await?;
+    }
+    wait_for_reason(&client, &ns, &name(0), "InvalidSpec", WAIT).await?;
+    wait_for_reason(&client, &ns, &name(shape.count - 1), "Compiled", WAIT).await?;
+
+    apply(&policies, &shape.manifest(0, FULL)).await?;
+    left_out_alone(&client, &ns, &name(0), &[], shape.count - 1).await?;
+
+    apply(&policies, &invalid(shape.manifest(99, SMALL))).await?;
+    wait_for_reason(&client, &ns, &name(99), "InvalidSpec", WAIT).await?;
+    left_out_alone(&client, &ns, &name(0), &[&name(99)], shape.count - 1).await?;
     Ok(())
 }

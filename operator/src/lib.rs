@@ -14,6 +14,7 @@ pub mod context;
 pub mod controller;
 pub mod error;
 pub mod events;
+pub mod fit;
 pub mod flags;
 pub mod fleet;
 pub mod freshness;

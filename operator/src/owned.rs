@@ -99,7 +99,7 @@ enum Selector {
     Key(Map<String, Value>),
     /// `v:"x"`: the set item equal to this value.
     Value(Value),
-    /// `i:3`: the item at this index (atomic-free lists without keys).
+    /// `i:3`: the item at this index.
     Index(usize),
 }
 

@@ -6,7 +6,7 @@
 //! resourceVersion we compared against as a precondition. So a foreign ConfigMap is never
 //! adopted, even in a race. The operator never deletes the ConfigMap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -33,6 +33,41 @@ pub struct Desired {
     pub compressed: Option<Arc<[u8]>>,
 }
 
+/// Which size limit a namespace's document passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// The JSON is over [`MAX_INFLATED_DOCUMENT_BYTES`], what a sidecar inflates.
+    Json,
+    /// The gzip'd JSON is over [`MAX_DOCUMENT_BYTES`], what a ConfigMap holds.
+    Compressed,
+}
+
+impl Limit {
+    /// The word the status message names the limit by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Json => "json",
+            Self::Compressed => "compressed",
+        }
+    }
+
+    /// The limit in bytes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::Json => MAX_INFLATED_DOCUMENT_BYTES,
+            Self::Compressed => MAX_DOCUMENT_BYTES,
+        }
+    }
+}
+
+/// A document that does not fit: the limit it passed and its size in that limit's terms
+/// (JSON bytes for [`Limit::Json`], gzip'd bytes for [`Limit::Compressed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overflow {
+    pub limit: Limit,
+    pub bytes: usize,
+}
+
 /// The last document compressed, by hash: a namespace's reconciles compress only when
 /// the document changes.
 pub type Compressed = Option<(String, Arc<[u8]>)>;
@@ -40,13 +75,13 @@ pub type Compressed = Option<(String, Arc<[u8]>)>;
 impl Desired {
     /// The document as it will be stored: plain up to [`MAX_DOCUMENT_BYTES`], else gzip'd
     /// if that fits and its JSON stays within [`MAX_INFLATED_DOCUMENT_BYTES`] (what a
-    /// sidecar inflates). `Err` carries the bytes it would take (gzip'd where tried).
+    /// sidecar inflates). `Err` names the limit passed and the size that passed it.
     pub fn new(
         json: String,
         hash: String,
         has_policies: bool,
         last: &mut Compressed,
-    ) -> Result<Self, usize> {
+    ) -> Result<Self, Overflow> {
         let mut desired = Self {
             json,
             hash,
@@ -57,14 +92,20 @@ impl Desired {
             return Ok(desired);
         }
         if desired.json.len() > MAX_INFLATED_DOCUMENT_BYTES {
-            return Err(desired.json.len());
+            return Err(Overflow {
+                limit: Limit::Json,
+                bytes: desired.json.len(),
+            });
         }
         let gz = match last {
             Some((hash, gz)) if *hash == desired.hash => gz.clone(),
             _ => gzip(desired.json.as_bytes()),
         };
         if gz.len() > MAX_DOCUMENT_BYTES {
-            return Err(gz.len());
+            return Err(Overflow {
+                limit: Limit::Compressed,
+                bytes: gz.len(),
+            });
         }
         *last = Some((desired.hash.clone(), gz.clone()));
         desired.compressed = Some(gz);
@@ -78,6 +119,56 @@ impl Desired {
             None => Content::of(Some(&self.json), None),
         }
     }
+}
+
+/// Why the live document could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreadable {
+    #[error("inflating binaryData {CONFIGMAP_KEY}: {0}")]
+    Inflate(#[from] std::io::Error),
+    #[error("the inflated document passes {MAX_INFLATED_DOCUMENT_BYTES} bytes")]
+    TooLarge,
+    #[error("parsing {CONFIGMAP_KEY}: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The policies a ConfigMap's document serves, uid → generation (no document: none).
+pub fn served(cm: &ConfigMap) -> Result<HashMap<String, i64>, Unreadable> {
+    #[derive(serde::Deserialize)]
+    struct Document {
+        #[serde(default)]
+        policies: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        uid: String,
+        #[serde(default)]
+        generation: i64,
+    }
+    let plain = cm.data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY));
+    let gz = cm.binary_data.as_ref().and_then(|d| d.get(CONFIGMAP_KEY));
+    let document: Document = match (plain, gz) {
+        (Some(json), _) => serde_json::from_str(json)?,
+        (None, Some(gz)) => {
+            let limit = MAX_INFLATED_DOCUMENT_BYTES as u64 + 1;
+            let mut json = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(flate2::read::GzDecoder::new(&gz.0[..]), limit),
+                &mut json,
+            )?;
+            if json.len() as u64 >= limit {
+                return Err(Unreadable::TooLarge);
+            }
+            serde_json::from_slice(&json)?
+        }
+        (None, None) => return Ok(HashMap::new()),
+    };
+    Ok(document
+        .policies
+        .into_iter()
+        .map(|e| (e.uid, e.generation))
+        .collect())
 }
 
 fn gzip(bytes: &[u8]) -> Arc<[u8]> {
@@ -353,12 +444,18 @@ mod tests {
             })
             .collect();
         let json = format!("{{\"x\":\"{noise}\"}}");
-        let bytes = Desired::new(json, "h".to_owned(), true, &mut None).expect_err("too large");
-        assert!(bytes > MAX_DOCUMENT_BYTES);
+        let over = Desired::new(json, "h".to_owned(), true, &mut None).expect_err("too large");
+        assert_eq!(over.limit, Limit::Compressed);
+        assert!(over.bytes > MAX_DOCUMENT_BYTES && over.bytes < MAX_DOCUMENT_BYTES * 2);
+        // Over the JSON limit: the JSON's length, against the JSON limit (it would compress
+        // to a few KiB, far under the compressed limit).
         let huge = "x".repeat(MAX_INFLATED_DOCUMENT_BYTES + 1);
         assert_eq!(
             Desired::new(huge, "h".to_owned(), true, &mut None),
-            Err(MAX_INFLATED_DOCUMENT_BYTES + 1)
+            Err(Overflow {
+                limit: Limit::Json,
+                bytes: MAX_INFLATED_DOCUMENT_BYTES + 1
+            })
         );
     }
 }

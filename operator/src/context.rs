@@ -70,6 +70,8 @@ pub struct Memory {
     pub(crate) summaries: HashMap<String, (i64, Arc<ScheduleSummary>)>,
     /// The namespace's document as last compressed (only when it is stored compressed).
     pub(crate) compressed: crate::configmap::Compressed,
+    /// Since when ConfigMap writes have failed, while they do.
+    pub(crate) apply_failing_since: Option<std::time::Instant>,
 }
 
 /// Everything a reconcile needs; shared by all of them.
@@ -89,16 +91,35 @@ impl Memory {
     pub(crate) fn has_unconfirmed_writes(&self) -> bool {
         self.configmap.is_some() || !self.statuses.is_empty()
     }
+
+    /// Holds nothing that a fresh `Memory` would not: dropping it loses nothing.
+    fn is_empty(&self) -> bool {
+        !self.has_unconfirmed_writes()
+            && self.summaries.is_empty()
+            && self.compressed.is_none()
+            && self.apply_failing_since.is_none()
+    }
 }
 
 impl Context {
+    /// Takes a namespace's memory for a reconcile; an empty one stands in for it meanwhile,
+    /// so the count of namespaces held does not dip while reconciles run.
     pub(crate) fn take_memory(&self, namespace: &str) -> Memory {
         let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        all.remove(namespace).unwrap_or_default()
+        all.get_mut(namespace)
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
+    /// Keeps a namespace's memory until its next reconcile; an empty one is dropped, so
+    /// namespaces without policies (deleted ones too) cost nothing.
     pub(crate) fn put_memory(&self, namespace: &str, memory: Memory) {
         let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        all.insert(namespace.to_owned(), memory);
+        if memory.is_empty() {
+            all.remove(namespace);
+        } else {
+            all.insert(namespace.to_owned(), memory);
+        }
+        self.metrics.set_namespaces_held(all.len());
     }
 }

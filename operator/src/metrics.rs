@@ -33,6 +33,7 @@ pub struct Metrics {
     policies_not_ready: Gauge,
     configmap_bytes: Gauge,
     leader: Gauge,
+    namespaces_held: Gauge,
     namespaces: Mutex<HashMap<String, NamespaceFigures>>,
     ready: AtomicBool,
 }
@@ -105,6 +106,12 @@ impl Metrics {
             "1 while this replica holds the Lease",
             leader.clone(),
         );
+        let namespaces_held = Gauge::default();
+        registry.register(
+            "namespaces_held",
+            "Namespaces the operator keeps state for between reconciles (those with policies)",
+            namespaces_held.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -116,6 +123,7 @@ impl Metrics {
             policies_not_ready,
             configmap_bytes,
             leader,
+            namespaces_held,
             namespaces: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
         }
@@ -142,6 +150,12 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// How many namespaces' memories are held.
+    pub fn set_namespaces_held(&self, n: usize) {
+        self.namespaces_held
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Records a namespace's figures and refreshes the totals.

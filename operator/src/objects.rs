@@ -92,6 +92,18 @@ impl PolicyView {
     }
 }
 
+/// The part of `status` the operator's field manager owns (`null` when it owns none).
+fn owned_status(
+    managed: Option<&[ManagedFieldsEntry]>,
+    status: &serde_json::Value,
+) -> serde_json::Value {
+    let wrapped = serde_json::json!({ "status": status });
+    crate::owned::fields_of(managed.unwrap_or_default(), crate::FIELD_MANAGER, "status")
+        .and_then(|fields| crate::owned::project(&wrapped, &fields))
+        .and_then(|mut v| v.get_mut("status").map(serde_json::Value::take))
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// Deserializes a spec, naming the offending field the way the API server would.
 fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> {
     serde_path_to_error::deserialize::<_, RetryPolicySpec>(value).map_err(|e| {
@@ -107,10 +119,15 @@ fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> 
     })
 }
 
-/// Keeps of a RetryPolicy what a reconcile reads (identity, generation, spec, status)
-/// before it enters the watch cache. Labels, annotations (up to 256 KiB per object),
-/// managed fields and owner references are never read.
+/// Keeps of a RetryPolicy what a reconcile reads (identity, generation, spec, and of the
+/// status only the fields the operator's field manager owns) before it enters the watch
+/// cache. Labels, annotations (up to 256 KiB per object), managed fields and owner
+/// references are never read. Conditions and fields other tools add to the status are
+/// dropped here, so they never make the operator's status differ from what it wants.
 pub fn slim_policy(obj: &mut DynamicObject) {
+    if let Some(status) = obj.data.get_mut("status") {
+        *status = owned_status(obj.metadata.managed_fields.as_deref(), status);
+    }
     let meta = &mut obj.metadata;
     meta.managed_fields = None;
     meta.annotations = None;
@@ -282,6 +299,14 @@ mod tests {
     fn slim_policy_keeps_spec_and_status_only() {
         let mut obj = object(json!({"queues": ["a"]}));
         obj.data["status"] = json!({"observedGeneration": 3});
+        obj.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(crate::FIELD_MANAGER.to_owned()),
+            subresource: Some("status".to_owned()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                json!({"f:status": {"f:observedGeneration": {}}}),
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
         obj.data["extra"] = json!("x".repeat(1000));
         obj.metadata.annotations = Some([("big".to_owned(), "x".repeat(256 * 1024))].into());
         obj.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
@@ -291,6 +316,39 @@ mod tests {
         assert!(obj.data.get("extra").is_none());
         let after = PolicyView::from_dynamic(&obj).expect("view");
         assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
+    fn slim_policy_keeps_only_the_status_fields_the_operator_owns() {
+        let mut obj = object(json!({"queues": ["a"]}));
+        obj.data["status"] = json!({
+            "observedGeneration": 3,
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Compiled", "message": "",
+                 "lastTransitionTime": "T"},
+                {"type": "Healthy", "status": "True", "reason": "Probed", "message": "",
+                 "lastTransitionTime": "T"},
+            ],
+        });
+        let ours = json!({"f:status": {"f:observedGeneration": {}, "f:conditions": {
+            "k:{\"type\":\"Ready\"}": {".": {}, "f:type": {}, "f:status": {}, "f:reason": {},
+                "f:message": {}, "f:lastTransitionTime": {}}}}});
+        obj.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(crate::FIELD_MANAGER.to_owned()),
+            subresource: Some("status".to_owned()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                ours,
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
+        let mut without = obj.clone();
+        slim_policy(&mut obj);
+        let conditions = obj.data["status"]["conditions"].as_array().map(Vec::len);
+        assert_eq!(conditions, Some(1));
+        // Without an entry of ours, nothing of the status is ours.
+        without.metadata.managed_fields = None;
+        slim_policy(&mut without);
+        assert!(PolicyView::from_dynamic(&without).is_some_and(|v| v.status.is_none()));
     }
 
     fn configmap(labels: &[(&str, &str)], data: &[(&str, &str)]) -> ConfigMap {

@@ -11,14 +11,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use rebound_policy::compiled::MAX_DOCUMENT_BYTES;
-use rebound_policy::pattern::policy_order;
-use rebound_policy::{PolicyOutcome, PolicySource, compile};
+use rebound_policy::{PolicyOutcome, PolicySource};
 use tracing::{debug, warn};
 
-use crate::configmap::{self, Compressed, Desired, Plan};
+use crate::configmap::{self, Plan};
 use crate::context::{Context, Memory};
 use crate::error::Error;
+use crate::fit::{Fitted, Served, fit_all, fit_within};
 use crate::freshness::{Written, compare};
 use crate::metrics::NamespaceFigures;
 use crate::objects::{ConfigMapView, PolicyView};
@@ -35,11 +34,17 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
     let mut memory = ctx.take_memory(&namespace);
     let result = reconcile_namespace(&namespace, &ctx, &mut memory).await;
     let unconfirmed = memory.has_unconfirmed_writes();
+    // A namespace's memory at its default is not kept: a deleted namespace leaves nothing.
     ctx.put_memory(&namespace, memory);
     ctx.metrics
         .reconciled(result.is_ok(), started.elapsed().as_secs_f64());
-    result?;
+    let holds_ours = result?;
     ctx.requeue.succeeded(&namespace);
+    if !holds_ours && !unconfirmed {
+        // No policy and no ConfigMap: nothing to resync. Any that appears is a watch
+        // event, which triggers a reconcile; so a deleted namespace is not requeued forever.
+        return Ok(Action::await_change());
+    }
     // Our own status writes trigger nothing, so without this the writes remembered for a
     // namespace would stay in memory until its next resync (five minutes by default): with
     // 100,000 policies that is the largest thing the operator holds. A reconcile soon
@@ -63,11 +68,19 @@ pub fn error_policy(key: Arc<Namespace>, error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
+/// How long ConfigMap writes must keep failing before the policies say `ApplyFailed`.
+/// Until then a failed write only requeues the namespace with backoff and leaves every
+/// status as it is, so one refused write costs one retry, not two status writes and
+/// events per policy (there and back).
+pub const APPLY_FAILED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reconciles one namespace; `Ok(false)` when it holds nothing of ours (no RetryPolicy,
+/// no ConfigMap).
 async fn reconcile_namespace(
     namespace: &str,
     ctx: &Context,
     memory: &mut Memory,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let cm_name = ctx.flags.configmap_name.as_str();
     let views: Vec<Arc<PolicyView>> = ctx
         .stores
@@ -93,24 +106,31 @@ async fn reconcile_namespace(
     let has_policies = !views.is_empty();
     // Compiling, compressing and fitting are CPU work (a large namespace takes tens of
     // milliseconds): on the blocking pool, like the summaries.
-    let (ns, last) = (namespace.to_owned(), memory.compressed.take());
-    let fitted = tokio::task::spawn_blocking(move || {
-        let mut last = last;
-        let fitted = fit(&ns, sources, has_policies, &mut last);
-        (fitted, last)
+    let (ns, mut last) = (namespace.to_owned(), memory.compressed.take());
+    let (first, last) = blocking(namespace, move || {
+        let first = fit_all(&ns, sources, has_policies, &mut last);
+        (first, last)
     })
-    .await;
+    .await?;
+    memory.compressed = last;
     let Fitted {
         compilation,
         desired,
         left_out,
-    } = match fitted {
-        Ok((fitted, last)) => {
+    } = match first {
+        Ok(fitted) => fitted,
+        Err(over) => {
+            // Rare: only a namespace over a limit asks the server what it serves now.
+            let served = served_now(ctx, namespace, cm_name).await?;
+            let (ns, mut last) = (namespace.to_owned(), memory.compressed.take());
+            let (fitted, last) = blocking(namespace, move || {
+                let fitted = fit_within(&ns, over, &served, has_policies, &mut last);
+                (fitted, last)
+            })
+            .await?;
             memory.compressed = last;
             fitted
         }
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => return Err(Error::Internal(format!("compiling {namespace}: {e}"))),
     };
 
     let cached = ctx.stores.configmap(namespace, cm_name);
@@ -137,9 +157,13 @@ async fn reconcile_namespace(
     };
     let mut failure = None;
     match write_configmap(ctx, namespace, cm_name, plan, memory).await {
-        Ok(()) => {}
+        Ok(()) => memory.apply_failing_since = None,
         Err(e @ Error::Conflict(_)) => return Err(e),
         Err(e) => {
+            let since = *memory.apply_failing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < APPLY_FAILED_AFTER {
+                return Err(e);
+            }
             blocked = Some(Blocked::ApplyFailed {
                 message: e.to_string(),
             });
@@ -191,89 +215,39 @@ async fn reconcile_namespace(
     debug!(%namespace, %hash, policies = figures.compiled, not_ready = figures.not_ready, "reconciled");
     match failure {
         Some(e) => Err(e),
-        None => status_result,
+        None => status_result.map(|()| exists),
     }
 }
 
-/// What a namespace's reconcile writes: the compilation of the policies that fit, its
-/// document, and why each policy left out was left out.
-struct Fitted {
-    compilation: rebound_policy::Compilation,
-    desired: Desired,
-    /// By policy name.
-    left_out: HashMap<String, Blocked>,
-}
-
-/// Compiles the namespace. When the document does not fit a ConfigMap even compressed,
-/// the oldest policies that fit are compiled (the order that also settles conflicts:
-/// older first, then by name) and the rest are left out, each reporting that it does not
-/// fit; so a policy that pushes a namespace over the limit never takes the others down.
-fn fit(
+/// Runs CPU work on the blocking pool; a panic there is a panic here.
+async fn blocking<T: Send + 'static>(
     namespace: &str,
-    sources: Vec<PolicySource>,
-    has_policies: bool,
-    last: &mut Compressed,
-) -> Fitted {
-    let attempt = |sources: Vec<PolicySource>, last: &mut Compressed| {
-        let compilation = compile(namespace, sources);
-        let desired = Desired::new(
-            compilation.document.to_json(),
-            compilation.document.hash.clone(),
-            has_policies,
-            last,
-        );
-        desired.map(|d| (compilation, d))
-    };
-    let bytes = match attempt(sources.clone(), last) {
-        Ok((compilation, desired)) => {
-            return Fitted {
-                compilation,
-                desired,
-                left_out: HashMap::new(),
-            };
-        }
-        Err(bytes) => bytes,
-    };
-    let mut ordered = sources;
-    ordered.sort_by(|a, b| policy_order((a.created, &a.name), (b.created, &b.name)));
-    // The largest prefix that fits: none always does (the empty document).
-    let (mut fits, mut too_many) = (0, ordered.len());
-    while too_many - fits > 1 {
-        let mid = fits + (too_many - fits) / 2;
-        if attempt(ordered[..mid].to_vec(), &mut None).is_ok() {
-            fits = mid;
-        } else {
-            too_many = mid;
-        }
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => Ok(value),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Error::Internal(format!("compiling {namespace}: {e}"))),
     }
-    let rest = ordered.split_off(fits);
-    let (compilation, desired) = match attempt(ordered, last) {
-        Ok(fitted) => fitted,
-        // Unreachable in practice (the prefix was just tried); the empty document fits.
-        Err(_) => attempt(Vec::new(), last).unwrap_or_else(|_| {
-            let compilation = compile(namespace, Vec::new());
-            let desired = Desired {
-                json: compilation.document.to_json(),
-                hash: compilation.document.hash.clone(),
-                has_policies,
-                compressed: None,
-            };
-            (compilation, desired)
-        }),
+}
+
+/// What the namespace's ConfigMap serves now, read from the server (a ConfigMap that is
+/// not ours, or holds no readable document, serves nothing of ours).
+async fn served_now(ctx: &Context, namespace: &str, name: &str) -> Result<Served, Error> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::api(format!("reading ConfigMap {namespace}/{name}"), e))?;
+    let Some(cm) = found.filter(|cm| ConfigMapView::from_configmap(cm).managed) else {
+        return Ok(Served::new());
     };
-    let too_large = Blocked::TooLarge {
-        bytes,
-        limit: MAX_DOCUMENT_BYTES,
-        served: compilation.document.policies.len(),
-    };
-    let left_out = rest
-        .into_iter()
-        .map(|s| (s.name, too_large.clone()))
-        .collect();
-    Fitted {
-        compilation,
-        desired,
-        left_out,
+    match configmap::served(&cm) {
+        Ok(served) => Ok(served),
+        Err(e) => {
+            warn!(%namespace, configmap = name, error = %e, "the live document is unreadable; fitting in policy order");
+            Ok(Served::new())
+        }
     }
 }
 

@@ -35,7 +35,7 @@ const MAX_MESSAGE: usize = 1024;
 /// policy).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatusSeen {
-    /// Fingerprint of the whole status as its typed form serializes.
+    /// Fingerprint of the whole status as its typed form serializes, conditions by type.
     whole: u64,
     observed_generation: Option<i64>,
     /// Fingerprint of Ready's (status, reason, message), if there is a Ready condition.
@@ -62,8 +62,11 @@ impl StatusSeen {
             .as_ref()
             .and_then(|s| s.retry_budget.as_ref())
             .map(fingerprint);
+        // Conditions are a map keyed by type: their order carries nothing.
+        let mut sorted: Vec<&Condition> = status.conditions.iter().collect();
+        sorted.sort_by(|a, b| a.type_.cmp(&b.type_));
         Self {
-            whole: fingerprint(status),
+            whole: fingerprint(&(status.observed_generation, &sorted, &status.summary)),
             observed_generation: status.observed_generation,
             ready,
             budget,
@@ -132,12 +135,13 @@ pub enum Verdict {
 pub enum Blocked {
     /// A ConfigMap of that name exists without our managed-by label.
     NotOwned { configmap: String },
-    /// With this policy the namespace's document would not fit in a ConfigMap even
-    /// compressed (`bytes` it would take, over `limit`); the `served` older ones that fit
-    /// are written without it.
+    /// With this policy the namespace's document would not fit: it would take `bytes`
+    /// in the terms of `limit` (JSON or gzip'd bytes), over `max`; the `served` policies
+    /// that fit are written without it.
     TooLarge {
+        limit: &'static str,
         bytes: usize,
-        limit: usize,
+        max: usize,
         served: usize,
     },
     /// The API server refused or failed the write; retried with backoff.
@@ -209,16 +213,13 @@ fn wanted(verdict: &Verdict, configmap: &str) -> Wanted {
             ),
         ),
         Verdict::Blocked(Blocked::TooLarge {
-            bytes,
             limit,
+            bytes,
+            max,
             served,
         }) => stuck(
             reason::DOCUMENT_TOO_LARGE,
-            format!(
-                "the compiled policies of this namespace would take {bytes} bytes even \
-                 compressed, over the {limit}-byte limit of ConfigMap {configmap}; the \
-                 {served} older policies that fit are served, this one is left out"
-            ),
+            too_large_message(limit, *bytes, *max, *served, configmap),
         ),
         Verdict::Blocked(Blocked::ApplyFailed { message }) => Wanted {
             ready: ("False", reason::APPLY_FAILED, message.clone()),
@@ -226,6 +227,23 @@ fn wanted(verdict: &Verdict, configmap: &str) -> Wanted {
             stalled: settled(reason::APPLY_FAILED),
         },
     }
+}
+
+/// The message of `DocumentTooLarge`, in the grammar `docs/operator.md` defines:
+/// `<limit> limit exceeded: <bytes> > <max> bytes; serving <served> policies in ConfigMap
+/// <name> without this one`, where `<limit>` is `json` (the document's JSON, against what a
+/// sidecar inflates) or `compressed` (the gzip'd JSON, against what a ConfigMap holds).
+pub fn too_large_message(
+    limit: &str,
+    bytes: usize,
+    max: usize,
+    served: usize,
+    configmap: &str,
+) -> String {
+    format!(
+        "{limit} limit exceeded: {bytes} > {max} bytes; serving {served} policies in \
+         ConfigMap {configmap} without this one"
+    )
 }
 
 /// The status to write, given the current one (for `lastTransitionTime`) and `now`
@@ -511,6 +529,24 @@ mod tests {
         );
         let note = event(&serving(), Some(&StatusSeen::of(&fewer)), &next).expect("event");
         assert_eq!(note.reason, reason::COMPILED);
+    }
+
+    #[test]
+    fn too_large_names_the_limit_that_was_passed() {
+        let json = Verdict::Blocked(Blocked::TooLarge {
+            limit: "json",
+            bytes: 9_073_895,
+            max: 8_388_608,
+            served: 35,
+        });
+        let s = desired(1, &json, None, None, "T", "cm");
+        assert_eq!(ready(&s).reason, reason::DOCUMENT_TOO_LARGE);
+        let words: Vec<&str> = ready(&s).message.split_whitespace().collect();
+        assert_eq!(
+            words[..6],
+            ["json", "limit", "exceeded:", "9073895", ">", "8388608"]
+        );
+        assert_eq!(words[8], "35");
     }
 
     #[test]

@@ -8,61 +8,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use common::*;
-use rebound_tests::{DedicatedCluster, FIELD_MANAGER, retry_policy_crd_file};
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn strip_cel(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            map.remove("x-kubernetes-validations");
-            map.values_mut().for_each(strip_cel);
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip_cel),
-        _ => {}
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_in_rust_is_reported_and_left_out() -> Result<()> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-relaxed-crd");
-    let cluster = tokio::task::spawn_blocking(move || DedicatedCluster::start(&dir)).await??;
-    let crd = cluster
-        .kubectl([
-            "create",
-            "--dry-run=client",
-            "-o",
-            "json",
-            "-f",
-            &retry_policy_crd_file().to_string_lossy(),
-        ])?
-        .ok()?
-        .stdout;
-    let mut crd: Value = serde_json::from_str(&crd).context("CRD as JSON")?;
-    strip_cel(&mut crd);
-    ensure!(!crd.to_string().contains("x-kubernetes-validations"));
-    cluster
-        .kubectl_stdin(
-            [
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                FIELD_MANAGER,
-                "-f",
-                "-",
-            ],
-            &crd.to_string(),
-        )?
-        .ok()?;
-    cluster
-        .kubectl([
-            "wait",
-            "--for=condition=Established",
-            "crd/retrypolicies.rebound.dev",
-        ])?
-        .ok()?;
+    let cluster = relaxed_cluster(dir).await?;
 
     let client = cluster.client().await?;
     let ns = cluster.create_namespace(&client, "op-relaxed").await?;

@@ -2,6 +2,9 @@
 //! against a real control plane, and read back what it did.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod near_limit;
+pub mod refusal;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -329,6 +332,62 @@ pub async fn events(client: &kube::Client, ns: &str) -> Result<Vec<SeenEvent>> {
             count: e.series.map_or(1, |s| s.count),
         })
         .collect())
+}
+
+/// A cluster of its own whose RetryPolicy CRD has every CEL rule (x-kubernetes-validations)
+/// removed, as an older CRD or disabled validation would admit specs: those the Rust
+/// validation refuses get in.
+pub async fn relaxed_cluster(dir: PathBuf) -> Result<rebound_tests::DedicatedCluster> {
+    fn strip_cel(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("x-kubernetes-validations");
+                map.values_mut().for_each(strip_cel);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip_cel),
+            _ => {}
+        }
+    }
+    let cluster =
+        tokio::task::spawn_blocking(move || rebound_tests::DedicatedCluster::start(&dir)).await??;
+    let crd = cluster
+        .kubectl([
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            &rebound_tests::retry_policy_crd_file().to_string_lossy(),
+        ])?
+        .ok()?
+        .stdout;
+    let mut crd: serde_json::Value = serde_json::from_str(&crd).context("CRD as JSON")?;
+    strip_cel(&mut crd);
+    if crd.to_string().contains("x-kubernetes-validations") {
+        bail!("CEL rules left in the CRD");
+    }
+    cluster
+        .kubectl_stdin(
+            [
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                rebound_tests::FIELD_MANAGER,
+                "-f",
+                "-",
+            ],
+            &crd.to_string(),
+        )?
+        .ok()?;
+    cluster
+        .kubectl([
+            "wait",
+            "--for=condition=Established",
+            "crd/retrypolicies.rebound.dev",
+        ])?
+        .ok()?;
+    Ok(cluster)
 }
 
 /// Arguments that confine an operator to one test namespace (and its Lease to it too), so

@@ -204,10 +204,16 @@ async fn run(args: Args) -> Result<()> {
             Some(_) => target,
             None => format!("{}/{target}", pod_namespace(args.namespace.as_deref())),
         };
+        // The Pod's namespace only when told (a default would rename the Lease).
+        let pod_ns = args
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|n| !n.trim().is_empty());
         let pod = pod_name.map(|name| PodIdentity {
             name,
             uid: args.pod_uid.filter(|u| !u.trim().is_empty()),
-            namespace: pod_namespace(args.namespace.as_deref()),
+            namespace: pod_ns,
         });
         let started = configmap(
             &target,
@@ -239,7 +245,8 @@ async fn run(args: Args) -> Result<()> {
 struct PodIdentity {
     name: String,
     uid: Option<String>,
-    namespace: String,
+    /// `None`: not told; taken to be the ConfigMap's.
+    namespace: Option<String>,
 }
 
 #[cfg(feature = "kubernetes")]
@@ -270,7 +277,7 @@ async fn configmap(
             namespace: target.namespace.clone(),
             configmap: target.name.clone(),
             pod: pod.name,
-            pod_namespace: pod.namespace,
+            pod_namespace: pod.namespace.unwrap_or_else(|| target.namespace.clone()),
             pod_uid: pod.uid,
             lease_duration,
         };

@@ -227,3 +227,41 @@ pub fn json_logs(path: &Path) -> Result<Vec<Value>> {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect())
 }
+
+/// A kubeconfig of `cluster` that authenticates as Pod `pod` only (a Pod-bound token of
+/// ServiceAccount `sa`, which the Pod runs as), and the Pod's UID.
+pub async fn pod_kubeconfig(
+    cluster: &rebound_tests::Cluster,
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+    sa: &str,
+) -> Result<(PathBuf, String)> {
+    use rebound_tests::lease::{create_pod, token};
+    let object = create_pod(client, ns, pod, sa).await?;
+    let uid = object.metadata.uid.clone().context("a Pod without uid")?;
+    let token = token(client, ns, sa, Some(&object)).await?;
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig())?;
+    let user = kubeconfig
+        .auth_infos
+        .first_mut()
+        .context("the kubeconfig has no user")?;
+    user.auth_info = Some(serde_json::from_value(json!({ "token": token }))?);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{}.kubeconfig",
+        unique_name(&pod[..pod.len().min(40)])
+    ));
+    std::fs::write(&path, serde_json::to_vec(&kubeconfig)?)?;
+    Ok((path, uid))
+}
+
+/// The sidecar Leases of [`CM`] in `ns`, by name.
+pub async fn sidecar_leases(client: &kube::Client, ns: &str) -> Result<Vec<Lease>> {
+    let params = kube::api::ListParams::default().labels(&format!(
+        "app.kubernetes.io/component=sidecar,rebound.dev/configmap={CM}"
+    ));
+    Ok(Api::<Lease>::namespaced(client.clone(), ns)
+        .list(&params)
+        .await?
+        .items)
+}

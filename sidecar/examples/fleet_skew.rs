@@ -30,7 +30,9 @@ fn main() -> Result<()> {
     let doc = rebound_sidecar::store::compile_manifests(&[(PathBuf::from("q.yaml"), yaml)], "ns")?;
     let policy = doc.policies.first().context("one policy")?;
     let budget = policy.params.retry_budget.context("a budget")?;
-    println!("| skew between the two clocks | fullest true 100 ms slot | fullest true 1 s window | factor over burst |");
+    println!(
+        "| skew between the two clocks | fullest true 100 ms slot | fullest true 1 s window | factor over burst |"
+    );
     println!("|---|---|---|---|");
     for skew in [0, 10, 50, 100, 150] {
         let mut members: Vec<(Scheduler, u64)> = (0..2)

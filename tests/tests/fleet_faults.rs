@@ -16,7 +16,9 @@ use anyhow::{Result, ensure};
 use fleet_support::{
     LEASE_S, Sidecar, apply_lease, create_configmap, json_logs, renewal, scope, wait_for,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use rebound_tests::{DedicatedCluster, TestEnv, repo_root, unique_name};
 
 /// Hand-written peers 60 s behind and 60 s ahead, renewed every second by the test, are
@@ -92,6 +94,22 @@ async fn a_lease_no_type_can_hold_is_skipped_alone_with_one_warning() -> Result<
     let mut huge = renewal("huge", Timestamp::now(), LEASE_S);
     huge["spec"]["leaseDurationSeconds"] = 2_147_483_647.into();
     apply_lease(&env.client, &env.namespace, "huge", huge).await?;
+
+    // Metadata too: a client may set managedFields, times included.
+    let mut meta = renewal("meta", Timestamp::now(), LEASE_S);
+    meta["metadata"]["managedFields"] = serde_json::json!([{
+        "manager": "someone", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
+        "time": "9999-12-31T23:59:59Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}},
+    }]);
+    let leases: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        &env.namespace,
+        &ApiResource::erase::<Lease>(&()),
+    );
+    let stored = leases
+        .create(&PostParams::default(), &serde_json::from_value(meta)?)
+        .await?;
+    eprintln!("stored managedFields: {:?}", stored.metadata.managed_fields);
 
     let mut a = Sidecar::spawn(env.cluster.kubeconfig(), &env.namespace, "a", &[])?;
     let mut b = Sidecar::spawn(env.cluster.kubeconfig(), &env.namespace, "b", &[])?;

@@ -335,14 +335,17 @@ mod tests {
         assert_eq!(record(&ok, "other"), Err(Skip::OtherConfigMap));
         for (spec, field) in [
             (
-                json!({"renewTime": "x", "leaseDurationSeconds": 2_147_483_647}),
+                json!({"renewTime": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 2_147_483_647}),
                 "leaseDurationSeconds",
             ),
             (
-                json!({"renewTime": "x", "leaseDurationSeconds": 0}),
+                json!({"renewTime": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 0}),
                 "leaseDurationSeconds",
             ),
-            (json!({"renewTime": "x"}), "leaseDurationSeconds"),
+            (
+                json!({"renewTime": "2026-01-01T00:00:00Z"}),
+                "leaseDurationSeconds",
+            ),
             (
                 json!({"renewTime": 5, "leaseDurationSeconds": 15}),
                 "renewTime",

@@ -1,13 +1,15 @@
 //! Fleet membership for the retry budgets (docs/sidecar.md, "Fleet-wide retry budgets"):
 //! in watch mode a sidecar holds the Lease `rebound-sidecar-<pod>` in the ConfigMap's
 //! namespace (owned by its Pod, deleted on the way out), watches the Leases of the sidecars
-//! serving the same ConfigMap (as untyped objects: one odd Lease is skipped, not the list),
+//! serving the same ConfigMap (leniently, [`lease::SeenLease`]: one odd Lease is skipped,
+//! not the list),
 //! judges them by when it saw them change ([`membership::Observed`]), and publishes
 //! its [`SlotShare`](rebound_policy::retry_budget::SlotShare) of every budget into
 //! [`FleetShare`], which the request path reads from memory. All of it runs beside the
 //! requests: renewals every `duration / 3`, Lease events, and a liveness tick (an expired
 //! Lease sends no event).
 
+pub mod lease;
 pub mod membership;
 
 use std::{
@@ -24,13 +26,14 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams},
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::fleet_share::{BudgetScope, FleetShare};
 use crate::store::Store;
+use lease::SeenLease;
 use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, Observed, Skip, View};
 
 /// The field manager of the sidecar's server-side applies of its Lease.
@@ -152,8 +155,7 @@ impl Fleet {
         store: Arc<Store>,
     ) -> Self {
         let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
-        let leases: Api<DynamicObject> =
-            Api::namespaced_with(client, &config.namespace, &ApiResource::erase::<Lease>(&()));
+        let leases: Api<SeenLease> = Api::namespaced(client, &config.namespace);
         share.set(BudgetScope::Fleet(
             rebound_policy::retry_budget::SlotShare::WHOLE,
         ));
@@ -239,7 +241,7 @@ impl Fleet {
 struct Member {
     api: Api<Lease>,
     /// The same Leases, read untyped: a Lease no typed struct can hold is skipped alone.
-    leases: Api<DynamicObject>,
+    leases: Api<SeenLease>,
     config: FleetConfig,
     own: String,
     share: Arc<FleetShare>,
@@ -340,7 +342,7 @@ impl Member {
 
     /// The record of `lease`, or why it does not count; a bad field is warned about once
     /// per Lease, naming it.
-    fn record(&mut self, lease: &DynamicObject) -> Option<(String, membership::Record)> {
+    fn record(&mut self, lease: &SeenLease) -> Option<(String, membership::Record)> {
         let name = lease.metadata.name.clone()?;
         match membership::record(lease, &self.config.configmap) {
             Ok(record) => {
@@ -362,7 +364,7 @@ impl Member {
         }
     }
 
-    fn event(&mut self, event: watcher::Event<DynamicObject>, now: Instant) {
+    fn event(&mut self, event: watcher::Event<SeenLease>, now: Instant) {
         match event {
             watcher::Event::Init => self.observed.begin_relist(),
             watcher::Event::InitApply(lease) => {

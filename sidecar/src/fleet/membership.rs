@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DynamicObject;
+
+use super::lease::SeenLease;
 use rebound_policy::retry_budget::SlotShare;
 
 /// Name prefix of a sidecar's Lease: `rebound-sidecar-<pod name>` (see [`lease_name`]).
@@ -96,7 +97,7 @@ pub enum Skip {
 }
 
 /// The record of `lease` if it serves `configmap`.
-pub fn record(lease: &DynamicObject, configmap: &str) -> Result<Record, Skip> {
+pub fn record(lease: &SeenLease, configmap: &str) -> Result<Record, Skip> {
     let serves = lease
         .metadata
         .labels
@@ -106,7 +107,7 @@ pub fn record(lease: &DynamicObject, configmap: &str) -> Result<Record, Skip> {
     if !serves {
         return Err(Skip::OtherConfigMap);
     }
-    let spec = lease.data.get("spec");
+    let spec = Some(&lease.spec);
     let field = |name: &str| spec.and_then(|s| s.get(name)).filter(|v| !v.is_null());
     let holder = match field("holderIdentity") {
         None => String::new(),
@@ -305,7 +306,7 @@ mod tests {
 
     use super::*;
 
-    fn lease(name: &str, configmap: &str, spec: serde_json::Value) -> DynamicObject {
+    fn lease(name: &str, configmap: &str, spec: serde_json::Value) -> SeenLease {
         serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {CONFIGMAP_LABEL: configmap}},
             "spec": spec,

@@ -138,9 +138,9 @@ pub async fn run(
             .boxed(),
         );
 
-        let leases: Api<DynamicObject> = match scope {
-            None => Api::all_with(client.clone(), &fleet::lease_resource()),
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &fleet::lease_resource()),
+        let leases: Api<fleet::RawLease> = match scope {
+            None => Api::all(client.clone()),
+            Some(ns) => Api::namespaced(client.clone(), ns),
         };
         let mut lenient = fleet::Lenient::default();
         let writer = Writer::new(());

@@ -13,7 +13,6 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::Event;
 use rebound_policy::spec::ScheduleSummary;
 
@@ -24,10 +23,67 @@ pub const CONFIGMAP_LABEL: &str = "rebound.dev/configmap";
 /// How often liveness is evaluated again: an expired Lease is counted out within this.
 pub const TICK: Duration = Duration::from_secs(1);
 
-/// The Lease resource, watched untyped: the API server accepts Leases no typed client can
-/// hold (`renewTime: 9999-12-31T23:59:59Z`), and one such Lease must not fail the list.
-pub fn lease_resource() -> ApiResource {
-    ApiResource::erase::<Lease>(&())
+/// A sidecar Lease as the watch reads it: the API server stores Leases no typed client can
+/// hold (a `renewTime` or a `managedFields` time in year 9999), and one such Lease must not
+/// fail the list. So the metadata counting needs is taken field by field, the spec kept
+/// untyped for [`Lenient`].
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RawLease {
+    pub metadata: kube::api::ObjectMeta,
+    pub spec: serde_json::Value,
+}
+
+impl<'de> serde::Deserialize<'de> for RawLease {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            #[serde(default)]
+            metadata: serde_json::Value,
+            #[serde(default)]
+            spec: serde_json::Value,
+        }
+        let raw = Raw::deserialize(deserializer)?;
+        let text = |field: &str| raw.metadata.get(field)?.as_str().map(str::to_owned);
+        let labels = raw
+            .metadata
+            .get("labels")
+            .and_then(|l| serde_json::from_value(l.clone()).ok());
+        Ok(RawLease {
+            metadata: kube::api::ObjectMeta {
+                name: text("name"),
+                namespace: text("namespace"),
+                resource_version: text("resourceVersion"),
+                uid: text("uid"),
+                labels,
+                ..kube::api::ObjectMeta::default()
+            },
+            spec: raw.spec,
+        })
+    }
+}
+
+impl kube::Resource for RawLease {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Lease".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "coordination.k8s.io".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "leases".into()
+    }
+    fn meta(&self) -> &kube::api::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 /// Turns the untyped Lease watch into typed events. A Lease that does not deserialize
@@ -39,7 +95,7 @@ pub struct Lenient {
 }
 
 impl Lenient {
-    pub fn typed(&mut self, event: Event<DynamicObject>) -> Event<Lease> {
+    pub fn typed(&mut self, event: Event<RawLease>) -> Event<Lease> {
         match event {
             Event::Init => Event::Init,
             Event::InitDone => Event::InitDone,
@@ -53,8 +109,8 @@ impl Lenient {
         }
     }
 
-    fn lease(&mut self, object: DynamicObject) -> Lease {
-        let spec = object.data.get("spec").cloned().unwrap_or_default();
+    fn lease(&mut self, mut object: RawLease) -> Lease {
+        let spec = std::mem::take(&mut object.spec);
         let parsed = serde_json::from_value::<LeaseSpec>(spec.clone());
         let spec = match parsed {
             Ok(spec) => spec,
@@ -370,9 +426,10 @@ mod tests {
 
     #[test]
     fn a_lease_no_type_can_hold_is_read_without_its_bad_fields() {
-        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+        let object: RawLease = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "rebound-sidecar-x", "namespace": "a",
-                         "labels": {CONFIGMAP_LABEL: "cm"}},
+                         "labels": {CONFIGMAP_LABEL: "cm"},
+                         "managedFields": [{"manager": "m", "time": "9999-12-31T23:59:59Z"}]},
             "spec": {"holderIdentity": "x", "leaseDurationSeconds": 15,
                      "renewTime": "9999-12-31T23:59:59.000000Z"},
         }))

@@ -16,9 +16,7 @@ use anyhow::{Result, ensure};
 use fleet_support::{
     LEASE_S, Sidecar, apply_lease, create_configmap, json_logs, renewal, scope, wait_for,
 };
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use rebound_tests::{DedicatedCluster, TestEnv, repo_root, unique_name};
 
 /// Hand-written peers 60 s behind and 60 s ahead, renewed every second by the test, are

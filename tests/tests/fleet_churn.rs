@@ -174,3 +174,55 @@ async fn a_thousand_churned_pod_names_leave_leases_and_evaluation_bounded() -> R
     );
     Ok(())
 }
+
+/// Where the RBAC grants no `delete` (a Role from before it did), a stopping sidecar
+/// releases its Lease instead (no holder), and the others count it out just as fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_delete_a_stopping_sidecar_releases_its_lease() -> Result<()> {
+    let env = TestEnv::new("fleet-release").await?;
+    let ns = env.namespace.as_str();
+    apply_sidecar_rbac(&env)?;
+    create_configmap(&env.client, ns).await?;
+    let sa = "no-delete";
+    let rbac = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {sa}}}\nrules:\n\
+         - {{apiGroups: [\"\"], resources: [configmaps], verbs: [get, list, watch]}}\n\
+         - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update, patch]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {sa}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {sa}}}\n\
+         subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {ns}}}]\n"
+    );
+    env.kubectl_stdin(["apply", "-n", ns, "-f", "-"], &rbac)?
+        .ok()?;
+    let (kubeconfig, uid) = pod_kubeconfig(env.cluster, &env.client, ns, "w-0", sa).await?;
+    let mut leaving = Sidecar::spawn(&kubeconfig, ns, "w-0", &[("POD_UID", &uid)])?;
+    let staying = Sidecar::spawn(env.cluster.kubeconfig(), ns, "w-1", &[])?;
+    let c = &mut staying.connect().await?;
+    // Until the RBAC has reached the API server's cache, w-0 may not renew yet.
+    wait_for(
+        &mut leaving.connect().await?,
+        Duration::from_secs(60),
+        |s| s.members == 2,
+    )
+    .await?;
+    wait_for(c, Duration::from_secs(30), |s| s.members == 2).await?;
+    leaving.stop()?;
+    let stopped = Instant::now();
+    wait_for(c, Duration::from_secs(30), |s| s.members == 1).await?;
+    ensure!(
+        stopped.elapsed() < Duration::from_secs(LEASE_S),
+        "{:?}",
+        stopped.elapsed()
+    );
+    let lease = Api::<Lease>::namespaced(env.client.clone(), ns)
+        .get("rebound-sidecar-w-0")
+        .await
+        .context("the released Lease stays (no delete)")?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    ensure!(holder.is_empty(), "holder {holder:?}");
+    Ok(())
+}

@@ -138,10 +138,11 @@ pub async fn run(
             .boxed(),
         );
 
-        let leases: Api<Lease> = match scope {
+        let leases: Api<fleet::RawLease> = match scope {
             None => Api::all(client.clone()),
             Some(ns) => Api::namespaced(client.clone(), ns),
         };
+        let mut lenient = fleet::Lenient::default();
         let writer = Writer::new(());
         stores.leases.push(writer.as_reader());
         let scope_name = scope.clone();
@@ -153,7 +154,7 @@ pub async fn run(
                     .page_size(LEASE_PAGE),
             )
             .backoff(WatchBackoff::new(format!("leases/{stream}")))
-            .map_ok(|e| e.modify(fleet::slim_lease))
+            .map_ok(move |e| lenient.typed(e).modify(fleet::slim_lease))
             .reflect(writer)
             .map(move |r| match r {
                 Ok(event) => Incoming::Lease {

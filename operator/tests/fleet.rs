@@ -165,3 +165,31 @@ async fn the_summary_counts_live_sidecar_leases() -> Result<()> {
     ensure!(op.warnings()?.is_empty(), "{}", op.log_tail());
     Ok(())
 }
+
+/// Sidecar Leases the API server accepts but no typed client can hold (`renewTime`, or a
+/// `managedFields` time, in year 9999) do not stop the operator counting the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_no_type_can_hold_does_not_stop_the_count() -> Result<()> {
+    let env = TestEnv::new("op-fleet-hostile").await?;
+    let (client, ns) = (&env.client, env.namespace.as_str());
+    let hostile = format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: {PREFIX}hostile\n  labels: {{app.kubernetes.io/name: rebound, app.kubernetes.io/component: sidecar, rebound.dev/configmap: {CM}}}\nspec:\n  holderIdentity: hostile\n  leaseDurationSeconds: 15\n  renewTime: \"9999-12-31T23:59:59.000000Z\"\n"
+    );
+    env.kubectl_stdin(["apply", "-n", ns, "-f", "-"], &hostile)?
+        .ok()?;
+    // Metadata too: a client may set managedFields, times included.
+    let meta = format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: {PREFIX}meta\n  labels: {{app.kubernetes.io/name: rebound, app.kubernetes.io/component: sidecar, rebound.dev/configmap: other}}\n  managedFields: [{{manager: someone, operation: Update, apiVersion: coordination.k8s.io/v1, time: \"9999-12-31T23:59:59Z\", fieldsType: FieldsV1, fieldsV1: {{f:spec: {{}}}}}}]\nspec: {{holderIdentity: meta, leaseDurationSeconds: 15}}\n"
+    );
+    env.kubectl_stdin(["create", "-n", ns, "-f", "-"], &meta)?
+        .ok()?;
+    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    env.kubectl_stdin(["apply", "-f", "-"], POLICIES)?.ok()?;
+    converged(client, ns, WAIT).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    for pod in ["a", "b"] {
+        let lease = sidecar_lease(pod, CM, Timestamp::now(), 3600);
+        leases.create(&PostParams::default(), &lease).await?;
+    }
+    budget_shown(client, ns, &format!("{BUDGET} for 2 sidecars")).await
+}

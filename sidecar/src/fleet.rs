@@ -1,31 +1,40 @@
 //! Fleet membership for the retry budgets (docs/sidecar.md, "Fleet-wide retry budgets"):
 //! in watch mode a sidecar holds the Lease `rebound-sidecar-<pod>` in the ConfigMap's
-//! namespace, watches the Leases of the sidecars serving the same ConfigMap, and publishes
+//! namespace (owned by its Pod, deleted on the way out), watches the Leases of the sidecars
+//! serving the same ConfigMap (leniently, [`lease::SeenLease`]: one odd Lease is skipped,
+//! not the list),
+//! judges them by when it saw them change ([`membership::Observed`]), and publishes
 //! its [`SlotShare`](rebound_policy::retry_budget::SlotShare) of every budget into
 //! [`FleetShare`], which the request path reads from memory. All of it runs beside the
 //! requests: renewals every `duration / 3`, Lease events, and a liveness tick (an expired
 //! Lease sends no event).
 
+pub mod lease;
 pub mod membership;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
-    apimachinery::pkg::apis::meta::v1::MicroTime,
+    apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
     jiff::Timestamp,
 };
 use kube::{
     Api, Client,
-    api::{ObjectMeta, Patch, PatchParams},
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::fleet_share::{BudgetScope, FleetShare};
 use crate::store::Store;
-use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, View};
+use lease::SeenLease;
+use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, Observed, Skip, View};
 
 /// The field manager of the sidecar's server-side applies of its Lease.
 pub const FIELD_MANAGER: &str = "rebound-sidecar";
@@ -39,6 +48,11 @@ pub struct FleetConfig {
     pub configmap: String,
     /// This sidecar's Pod (the Lease's name and holder).
     pub pod: String,
+    /// The Pod's namespace (part of the Lease's name when it differs from `namespace`).
+    pub pod_namespace: String,
+    /// The Pod's UID (downward API `metadata.uid`): the Lease's owner, so the garbage
+    /// collector deletes it with the Pod. Without it the Lease outlives the Pod.
+    pub pod_uid: Option<String>,
     /// `leaseDurationSeconds`: whole seconds, at least 1.
     pub lease_duration: Duration,
 }
@@ -59,8 +73,23 @@ impl FleetConfig {
         i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
     }
 
-    fn lease_name(&self) -> String {
-        membership::lease_name(&self.pod)
+    pub fn lease_name(&self) -> String {
+        membership::lease_name(&self.pod_namespace, &self.pod, &self.namespace)
+    }
+
+    /// The Pod as the Lease's owner; none across namespaces (an owner must live in its
+    /// dependent's namespace, or the garbage collector deletes the dependent at once).
+    fn owner(&self) -> Option<Vec<OwnerReference>> {
+        let uid = self.pod_uid.as_ref().filter(|u| !u.is_empty())?;
+        (self.pod_namespace == self.namespace).then(|| {
+            vec![OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Pod".to_owned(),
+                name: self.pod.clone(),
+                uid: uid.clone(),
+                ..OwnerReference::default()
+            }]
+        })
     }
 
     /// The Lease as this sidecar applies it, renewed at `renewed`, with the hash of the
@@ -78,6 +107,7 @@ impl FleetConfig {
                 labels: Some(labels),
                 annotations: hash
                     .map(|h| BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_owned(), h.to_owned())])),
+                owner_references: self.owner(),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -124,7 +154,8 @@ impl Fleet {
         share: Arc<FleetShare>,
         store: Arc<Store>,
     ) -> Self {
-        let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+        let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+        let leases: Api<SeenLease> = Api::namespaced(client, &config.namespace);
         share.set(BudgetScope::Fleet(
             rebound_policy::retry_budget::SlotShare::WHOLE,
         ));
@@ -132,13 +163,15 @@ impl Fleet {
         let (known_tx, mut known) = watch::channel(false);
         let member = Member {
             api: api.clone(),
+            leases,
             own: config.lease_name(),
             config: config.clone(),
             share,
-            expiries: BTreeMap::new(),
-            relisting: None,
+            observed: Observed::default(),
+            skipped: HashSet::new(),
             synced: false,
             watch_ok: false,
+            blind: false,
             renew_ok: false,
             renew_tried: false,
             watch_failed: false,
@@ -162,17 +195,31 @@ impl Fleet {
         Fleet { task, api, config }
     }
 
-    /// Stops renewing and expires the Lease at once (a renewal dated one duration ago: the
-    /// sidecar's RBAC grants no delete), so the others take over its share on their next
-    /// event instead of after the lease duration.
+    /// Stops renewing and deletes the Lease, so the others take over its share on their
+    /// next event instead of after the lease duration. Where delete is not granted, the
+    /// Lease is released instead (no holder), which readers count out just as fast.
     pub async fn release(self) {
         self.task.abort();
         let _ = self.task.await;
-        let past = Timestamp::now()
-            .checked_sub(self.config.lease_duration + Duration::from_secs(1))
-            .unwrap_or(Timestamp::UNIX_EPOCH);
-        let body = self.config.lease(past, past, None);
         let name = self.config.lease_name();
+        let params = DeleteParams::default();
+        let deleted = self.api.delete(&name, &params);
+        let error = match tokio::time::timeout(Duration::from_secs(2), deleted).await {
+            Ok(Ok(_)) => {
+                tracing::info!(lease = %name, "fleet Lease deleted");
+                return;
+            }
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "timed out".to_owned(),
+        };
+        tracing::warn!(lease = %name, %error, "cannot delete the fleet Lease; releasing it");
+        let now = Timestamp::now();
+        let mut body = self.config.lease(now, now, None);
+        if let Some(spec) = body.spec.as_mut() {
+            spec.holder_identity = Some(String::new());
+            spec.lease_duration_seconds = Some(1);
+        }
         let (params, body) = (
             PatchParams::apply(FIELD_MANAGER).force(),
             Patch::Apply(&body),
@@ -193,17 +240,22 @@ impl Fleet {
 /// The membership task's state.
 struct Member {
     api: Api<Lease>,
+    /// The same Leases, read untyped: a Lease no typed struct can hold is skipped alone.
+    leases: Api<SeenLease>,
     config: FleetConfig,
     own: String,
     share: Arc<FleetShare>,
-    /// Lease name → expiry (Unix ms) of the Leases serving the ConfigMap.
-    expiries: BTreeMap<String, i64>,
-    /// A re-list in progress.
-    relisting: Option<BTreeMap<String, i64>>,
+    /// The Leases serving the ConfigMap, as seen changing.
+    observed: Observed,
+    /// Leases skipped for a bad field (warned about once each).
+    skipped: HashSet<String>,
     /// A full list has arrived.
     synced: bool,
-    /// The watch's last word was an event, not an error.
+    /// The watch's last word was an event, not an error, and no relist after an error is
+    /// under way.
     watch_ok: bool,
+    /// The watch failed since the last complete list: renewals may have been missed.
+    blind: bool,
     /// The last renewal succeeded.
     renew_ok: bool,
     /// A renewal was tried / the watch failed before (log transitions only).
@@ -222,7 +274,7 @@ impl Member {
     async fn run(mut self) {
         let selector = membership::selector(&self.config.configmap);
         let mut events = watcher(
-            self.api.clone(),
+            self.leases.clone(),
             watcher::Config::default().labels(&selector),
         )
         .default_backoff()
@@ -241,12 +293,12 @@ impl Member {
                     }
                 }
                 event = events.try_next() => match event {
-                    Ok(Some(event)) => self.event(event),
+                    Ok(Some(event)) => self.event(event, Instant::now()),
                     Ok(None) => return,
                     Err(error) => self.watch_failed(&error),
                 },
             }
-            self.evaluate(Timestamp::now().as_millisecond());
+            self.evaluate(Instant::now());
         }
     }
 
@@ -288,37 +340,60 @@ impl Member {
         self.renew_tried = true;
     }
 
-    fn event(&mut self, event: watcher::Event<Lease>) {
-        self.watch_ok = true;
-        let configmap = &self.config.configmap;
+    /// The record of `lease`, or why it does not count; a bad field is warned about once
+    /// per Lease, naming it.
+    fn record(&mut self, lease: &SeenLease) -> Option<(String, membership::Record)> {
+        let name = lease.metadata.name.clone()?;
+        match membership::record(lease, &self.config.configmap) {
+            Ok(record) => {
+                self.skipped.remove(&name);
+                Some((name, record))
+            }
+            Err(Skip::OtherConfigMap) => None,
+            Err(skip) => {
+                if self.skipped.insert(name.clone()) {
+                    tracing::warn!(
+                        lease = %name,
+                        namespace = %self.config.namespace,
+                        reason = %skip,
+                        "skipping a sidecar Lease that cannot count as a member"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    fn event(&mut self, event: watcher::Event<SeenLease>, now: Instant) {
         match event {
-            watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
+            watcher::Event::Init => self.observed.begin_relist(),
             watcher::Event::InitApply(lease) => {
-                if let (Some(list), Some(name), Some(expires)) = (
-                    self.relisting.as_mut(),
-                    lease.metadata.name.clone(),
-                    membership::expiry_ms(&lease, configmap),
-                ) {
-                    list.insert(name, expires);
+                if let Some((name, record)) = self.record(&lease) {
+                    self.observed.relisted(&name, record);
                 }
             }
             watcher::Event::InitDone => {
-                if let Some(list) = self.relisting.take() {
-                    self.expiries = list;
-                }
+                self.observed.end_relist(now, self.blind);
+                self.blind = false;
                 self.synced = true;
+                self.watch_ok = true;
             }
             watcher::Event::Apply(lease) => {
-                if let Some(name) = lease.metadata.name.clone() {
-                    match membership::expiry_ms(&lease, configmap) {
-                        Some(expires) => self.expiries.insert(name, expires),
-                        None => self.expiries.remove(&name),
-                    };
+                self.watch_ok = true;
+                match self.record(&lease) {
+                    Some((name, record)) => self.observed.apply(&name, record, now),
+                    None => {
+                        if let Some(name) = lease.metadata.name.as_deref() {
+                            self.observed.remove(name);
+                        }
+                    }
                 }
             }
             watcher::Event::Delete(lease) => {
+                self.watch_ok = true;
                 if let Some(name) = lease.metadata.name.as_deref() {
-                    self.expiries.remove(name);
+                    self.observed.remove(name);
+                    self.skipped.remove(name);
                 }
             }
         }
@@ -329,14 +404,15 @@ impl Member {
             tracing::warn!(namespace = %self.config.namespace, %error, "cannot watch the fleet's Leases");
         }
         self.watch_ok = false;
+        self.blind = true;
         self.watch_failed = true;
     }
 
-    /// Publishes the membership at `now_ms`, or keeps the last one while the API cannot
-    /// be read or this sidecar's Lease cannot be renewed: then expiries cannot be told
-    /// from renewals that did not reach us, and a fleet cut off from the API as a whole
-    /// keeps agreeing on the last membership it knew.
-    fn evaluate(&mut self, now_ms: i64) {
+    /// Publishes the membership at `now`, or keeps the last one while the API cannot
+    /// be read, a re-list is under way, or this sidecar's Lease cannot be renewed: then
+    /// expiries cannot be told from renewals that did not reach us, and a fleet cut off
+    /// from the API as a whole keeps agreeing on the last membership it knew.
+    fn evaluate(&mut self, now: Instant) {
         let fresh = self.synced && self.watch_ok && self.renew_ok;
         if self.share.set_stale(!fresh) {
             let members = self.share.scope().members();
@@ -352,10 +428,12 @@ impl Member {
                 );
             }
         }
-        if !fresh {
+        if !fresh || self.observed.is_relisting() {
             return;
         }
-        let view = membership::members(&self.expiries, &self.own, now_ms);
+        let view = self.observed.members(&self.own, now);
+        let (seen, live) = self.observed.sizes();
+        self.share.set_leases(seen as u64, live as u64);
         if self.view.as_ref() != Some(&view) {
             let share = view.share();
             tracing::info!(

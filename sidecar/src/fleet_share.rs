@@ -60,6 +60,9 @@ pub struct FleetShare {
     renewed_ms: AtomicU64,
     /// Membership changes seen since the start.
     changes: AtomicU64,
+    /// Sidecar Leases remembered / still counted by the fleet task.
+    leases_seen: AtomicU64,
+    leases_live: AtomicU64,
 }
 
 impl Default for FleetShare {
@@ -69,6 +72,8 @@ impl Default for FleetShare {
             stale: AtomicBool::new(false),
             renewed_ms: AtomicU64::new(0),
             changes: AtomicU64::new(0),
+            leases_seen: AtomicU64::new(0),
+            leases_live: AtomicU64::new(0),
         }
     }
 }
@@ -117,6 +122,19 @@ impl FleetShare {
 
     pub fn set_renewed_ms(&self, at_ms: u64) {
         self.renewed_ms.store(at_ms, Ordering::Relaxed);
+    }
+
+    /// Sidecar Leases remembered and still counted (the cost of judging membership).
+    pub fn leases(&self) -> (u64, u64) {
+        (
+            self.leases_seen.load(Ordering::Relaxed),
+            self.leases_live.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn set_leases(&self, seen: u64, live: u64) {
+        self.leases_seen.store(seen, Ordering::Relaxed);
+        self.leases_live.store(live, Ordering::Relaxed);
     }
 
     pub fn changes(&self) -> u64 {

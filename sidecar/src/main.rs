@@ -54,6 +54,11 @@ struct Args {
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
 
+    /// This sidecar's Pod UID (set POD_UID from the downward API `metadata.uid`): the
+    /// owner of its Lease, so the garbage collector deletes the Lease with the Pod.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+
     /// `leaseDurationSeconds` of the sidecar's Lease (whole seconds): a sidecar that stops
     /// renewing is counted out this long after its last renewal; renewed every third.
     #[arg(long, env = "REBOUND_LEASE_DURATION", default_value = "15s")]
@@ -199,10 +204,21 @@ async fn run(args: Args) -> Result<()> {
             Some(_) => target,
             None => format!("{}/{target}", pod_namespace(args.namespace.as_deref())),
         };
+        // The Pod's namespace only when told (a default would rename the Lease).
+        let pod_ns = args
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|n| !n.trim().is_empty());
+        let pod = pod_name.map(|name| PodIdentity {
+            name,
+            uid: args.pod_uid.filter(|u| !u.trim().is_empty()),
+            namespace: pod_ns,
+        });
         let started = configmap(
             &target,
             args.key,
-            pod_name,
+            pod,
             lease_duration,
             fleet_share,
             Arc::clone(&store),
@@ -225,6 +241,14 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The Pod this sidecar runs in, for its fleet Lease.
+struct PodIdentity {
+    name: String,
+    uid: Option<String>,
+    /// `None`: not told; taken to be the ConfigMap's.
+    namespace: Option<String>,
+}
+
 #[cfg(feature = "kubernetes")]
 type FleetHandle = rebound_sidecar::fleet::Fleet;
 #[cfg(not(feature = "kubernetes"))]
@@ -236,7 +260,7 @@ type FleetHandle = ();
 async fn configmap(
     target: &str,
     key: String,
-    pod_name: Option<String>,
+    pod: Option<PodIdentity>,
     lease_duration: Duration,
     fleet_share: Arc<rebound_sidecar::fleet_share::FleetShare>,
     store: Arc<Store>,
@@ -248,11 +272,13 @@ async fn configmap(
         .map_err(|e: String| anyhow::anyhow!("--configmap: {e}"))?;
     let client = ConfigMapSource::client().await?;
     let mut fleet = None;
-    if let Some(pod) = pod_name {
+    if let Some(pod) = pod {
         let config = FleetConfig {
             namespace: target.namespace.clone(),
             configmap: target.name.clone(),
-            pod,
+            pod: pod.name,
+            pod_namespace: pod.namespace.unwrap_or_else(|| target.namespace.clone()),
+            pod_uid: pod.uid,
             lease_duration,
         };
         config
@@ -263,6 +289,8 @@ async fn configmap(
             namespace = %config.namespace,
             configmap = %config.configmap,
             pod = %config.pod,
+            lease = %config.lease_name(),
+            owned = config.pod_uid.is_some(),
             lease_duration_s = lease_duration.as_secs(),
             "retry budgets are split among the sidecars serving the ConfigMap"
         );
@@ -277,7 +305,7 @@ async fn configmap(
 async fn configmap(
     _target: &str,
     _key: String,
-    _pod_name: Option<String>,
+    _pod: Option<PodIdentity>,
     _lease_duration: Duration,
     _fleet_share: Arc<rebound_sidecar::fleet_share::FleetShare>,
     _store: Arc<Store>,

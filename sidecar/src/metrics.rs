@@ -393,6 +393,7 @@ struct FleetGauges {
     stale: Gauge,
     renewed_at: Gauge<f64, AtomicU64>,
     changes: Gauge,
+    leases: Family<Label, Gauge>,
 }
 
 impl FleetGauges {
@@ -404,6 +405,7 @@ impl FleetGauges {
             stale: Gauge::default(),
             renewed_at: Gauge::default(),
             changes: Gauge::default(),
+            leases: Family::default(),
         };
         registry.register(
             "budget_scope",
@@ -435,6 +437,11 @@ impl FleetGauges {
             "Changes of the budget scope or membership since the start",
             g.changes.clone(),
         );
+        registry.register(
+            "fleet_leases",
+            "Sidecar Leases of the ConfigMap this sidecar remembers (state=seen) and may still count (state=live): what judging membership walks",
+            g.leases.clone(),
+        );
         g
     }
 
@@ -453,6 +460,12 @@ impl FleetGauges {
         self.renewed_at.set(fleet.renewed_ms() as f64 / 1e3);
         self.changes
             .set(i64::try_from(fleet.changes()).unwrap_or(i64::MAX));
+        let (seen, live) = fleet.leases();
+        for (state, n) in [("seen", seen), ("live", live)] {
+            self.leases
+                .get_or_create(&[("state", state)])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 }
 

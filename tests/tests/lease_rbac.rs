@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -169,59 +168,8 @@ async fn a_sidecar_may_write_only_its_own_lease() -> Result<()> {
         .is_none()
     );
 
-    // The RBAC grants no delete. Granted it anyway (say, a broader Role), the policy still
+    // The RBAC grants delete (a sidecar deletes its own Lease when it stops); the policy
     // refuses the other Pod's Lease and allows its own.
-    let deleter = "lease-deleter";
-    Api::<Role>::namespaced(env.client.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &Role {
-                metadata: ObjectMeta {
-                    name: Some(deleter.to_owned()),
-                    ..ObjectMeta::default()
-                },
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec!["coordination.k8s.io".to_owned()]),
-                    resources: Some(vec!["leases".to_owned()]),
-                    verbs: vec!["delete".to_owned()],
-                    ..PolicyRule::default()
-                }]),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(env.client.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some(deleter.to_owned()),
-                    ..ObjectMeta::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                    kind: "Role".to_owned(),
-                    name: deleter.to_owned(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".to_owned(),
-                    name: SA.to_owned(),
-                    namespace: Some(ns.to_owned()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await?;
-    let dry_delete = DeleteParams {
-        dry_run: true,
-        ..DeleteParams::default()
-    };
-    let deadline = Instant::now() + WAIT;
-    while refusal(as_a.delete("worker-lock", &dry_delete).await)?.is_some() {
-        if Instant::now() > deadline {
-            bail!("the delete RoleBinding never took effect");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     ensure!(refusal(as_a.delete(&name_b, &DeleteParams::default()).await)? == forbidden());
     ensure!(
         refusal(
@@ -230,5 +178,123 @@ async fn a_sidecar_may_write_only_its_own_lease() -> Result<()> {
         )?
         .is_none()
     );
+    Ok(())
+}
+
+/// The admission policy refuses sidecar Leases whose fields are out of range (what no
+/// sidecar writes and typed readers cannot hold), and confines a Pod with a name too long
+/// for `rebound-sidecar-<pod>` to the hashed Lease its Pod owns.
+#[tokio::test(flavor = "multi_thread")]
+async fn sidecar_leases_out_of_range_or_owned_by_another_pod_are_refused() -> Result<()> {
+    use k8s_openapi::jiff::SignedDuration;
+    use kube::api::{ApiResource, DynamicObject};
+    use rebound_sidecar::fleet::membership::lease_name;
+
+    let env = TestEnv::new("lease-range").await?;
+    let ns = env.namespace.as_str();
+    apply_sidecar_rbac(&env)?;
+    let a = unique_name("worker-a");
+    let long = |c: char| format!("w-{}", c.to_string().repeat(238));
+    let (l1, l2) = (long('x'), long('y'));
+    let mut apis = Vec::new();
+    let mut uids = Vec::new();
+    for pod in [&a, &l1, &l2] {
+        let object = create_pod(&env.client, ns, pod, SA).await?;
+        uids.push(object.metadata.uid.clone().context("uid")?);
+        let client = client_with_token(
+            env.cluster,
+            &token(&env.client, ns, SA, Some(&object)).await?,
+        )
+        .await?;
+        apis.push(Api::<DynamicObject>::namespaced_with(
+            client,
+            ns,
+            &ApiResource::erase::<Lease>(&()),
+        ));
+    }
+    let lease = |pod: &str, name: &str, owner: Option<&str>, spec: serde_json::Value| {
+        let owners: Vec<serde_json::Value> = owner
+            .map(|uid| json!({"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}))
+            .into_iter()
+            .collect();
+        serde_json::from_value::<DynamicObject>(json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "labels": rebound_tests::lease::labels(CM),
+                         "ownerReferences": owners},
+            "spec": spec,
+        }))
+    };
+    let at = |offset_s: i64| MicroTime(Timestamp::now() + SignedDuration::from_secs(offset_s));
+    let spec = |renew: serde_json::Value, seconds: i64, holder: &str| json!({"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": renew});
+    let own = format!("{PREFIX}{a}");
+    let now = serde_json::to_value(at(0))?;
+
+    // Until the API server has loaded the RBAC and the policy: a plain own Lease allowed.
+    let deadline = Instant::now() + WAIT;
+    while refusal(
+        apis[0]
+            .create(&dry(), &lease(&a, &own, None, spec(now.clone(), 15, &a))?)
+            .await,
+    )?
+    .is_some()
+    {
+        ensure!(Instant::now() < deadline, "the own Lease was never allowed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let invalid = Some((422, "Invalid".to_owned()));
+    for (what, body) in [
+        (
+            "renewTime 9999",
+            spec(json!("9999-12-31T23:59:59.000000Z"), 15, &a),
+        ),
+        (
+            "renewTime 2 h ahead",
+            spec(serde_json::to_value(at(7200))?, 15, &a),
+        ),
+        ("leaseDurationSeconds 0", spec(now.clone(), 0, &a)),
+        (
+            "leaseDurationSeconds 100000",
+            spec(now.clone(), 100_000, &a),
+        ),
+        ("another holder", spec(now.clone(), 15, "someone-else")),
+    ] {
+        let got = refusal(apis[0].create(&dry(), &lease(&a, &own, None, body)?).await)?;
+        ensure!(got == invalid, "{what}: {got:?}");
+    }
+    let ahead = spec(serde_json::to_value(at(1800))?, 15, &a);
+    ensure!(refusal(apis[0].create(&dry(), &lease(&a, &own, None, ahead)?).await)?.is_none());
+
+    // Long names: the hashed Lease owned by its Pod; not by another Pod's token, nor
+    // claimed by one with its own UID.
+    let name1 = lease_name(ns, &l1, ns);
+    let owned = lease(&l1, &name1, Some(&uids[1]), spec(now.clone(), 15, &l1))?;
+    let created = apis[1]
+        .create(&PostParams::default(), &owned)
+        .await
+        .context("the long-named Pod creating its hashed Lease")?;
+    ensure!(
+        refusal(
+            apis[1]
+                .create(
+                    &dry(),
+                    &lease(&l1, &name1, None, spec(now.clone(), 15, &l1))?
+                )
+                .await
+        )? == forbidden()
+    );
+    ensure!(refusal(apis[2].delete(&name1, &DeleteParams::default()).await)? == forbidden());
+    let mut claimed = lease(&l2, &name1, Some(&uids[2]), spec(now.clone(), 15, &l2))?;
+    claimed.metadata.resource_version = created.metadata.resource_version.clone();
+    let got = refusal(
+        apis[2]
+            .replace(&name1, &PostParams::default(), &claimed)
+            .await,
+    )?;
+    ensure!(
+        got == forbidden(),
+        "another Pod claiming the Lease: {got:?}"
+    );
+    ensure!(refusal(apis[1].delete(&name1, &DeleteParams::default()).await)?.is_none());
     Ok(())
 }

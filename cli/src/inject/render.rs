@@ -386,7 +386,7 @@ mod tests {
         );
         assert_eq!(sidecar["resources"]["limits"], json!({"memory": "128Mi"}));
         assert_eq!(
-            sidecar["env"][3],
+            sidecar["env"][4],
             json!({"name": "RUST_LOG", "value": "debug"})
         );
         let a = args(&out);

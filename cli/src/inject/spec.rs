@@ -245,6 +245,8 @@ pub fn sidecar() -> T {
             T::List(vec![
                 always(field_env("POD_NAMESPACE", "metadata.namespace")),
                 always(field_env("POD_NAME", "metadata.name")),
+                // The owner of the fleet Lease, so it goes with the Pod.
+                always(field_env("POD_UID", "metadata.uid")),
                 always(field_env("POD_IP", "status.podIP")),
                 always(map([
                     ("name", s("RUST_LOG")),

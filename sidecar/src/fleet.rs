@@ -225,7 +225,10 @@ impl Member {
             self.api.clone(),
             watcher::Config::default().labels(&selector),
         )
-        .default_backoff()
+        .backoff(rebound_runtime::watch_backoff::WatchBackoff::new(
+            "sidecar/fleet",
+            rebound_runtime::watch_backoff::SIDECAR_CAP,
+        ))
         .boxed();
         let mut renew = tokio::time::interval(self.config.renew_every());
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

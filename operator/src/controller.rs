@@ -24,7 +24,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
 use crate::Flags;
-use crate::backoff::{Requeue, WatchBackoff};
+use crate::backoff::{Requeue, watch_backoff};
 use crate::cache::Cache;
 use crate::context::{Context, Stores};
 use crate::events::Events;
@@ -33,6 +33,7 @@ use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView, policy_resource, slim_configmap, slim_policy};
 use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
+use rebound_runtime::watch_backoff::WatchBackoffExt;
 
 /// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,
 /// policies with 256 KiB annotations) is never decoded all at once; only the slimmed
@@ -96,7 +97,7 @@ pub async fn run(
         let scope_name = scope.clone();
         streams.push(
             watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
-                .backoff(WatchBackoff::new(format!("policies/{stream}")))
+                .with_watch_backoff(watch_backoff(&format!("policies/{stream}")))
                 .map_ok(move |e| {
                     let e = e.modify(slim_policy);
                     cache.apply(&e, PolicyView::keyed);
@@ -126,7 +127,7 @@ pub async fn run(
                     .fields(&cm_selector)
                     .page_size(CONFIGMAP_PAGE),
             )
-            .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
+            .with_watch_backoff(watch_backoff(&format!("configmaps/{stream}")))
             .map_ok(move |e| {
                 cache.apply(&e, ConfigMapView::keyed);
                 e.modify(slim_configmap)
@@ -152,7 +153,7 @@ pub async fn run(
                     .labels(fleet::SELECTOR)
                     .page_size(LEASE_PAGE),
             )
-            .backoff(WatchBackoff::new(format!("leases/{stream}")))
+            .with_watch_backoff(watch_backoff(&format!("leases/{stream}")))
             .map_ok(|e| e.modify(fleet::slim_lease))
             .reflect(writer)
             .map(move |r| match r {

@@ -16,6 +16,11 @@ use rebound_policy::resolve::{Disposition, ResolvedPolicy};
 use rebound_policy::spec::{JitterKind, Strategy};
 use rebound_policy::{Context, Decision, PreparedPolicy, decide};
 
+#[cfg(feature = "kube")]
+mod stream;
+#[cfg(feature = "kube")]
+pub use stream::{RESET_AFTER, WatchBackoffExt, with_backoff};
+
 /// The first retry waits at most this long.
 pub const BASE: Duration = Duration::from_millis(250);
 
@@ -92,13 +97,6 @@ impl Iterator for WatchBackoff {
         };
         let floor = std::mem::take(&mut self.floor);
         Some(Duration::from_millis(ms).max(floor))
-    }
-}
-
-#[cfg(feature = "kube")]
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        WatchBackoff::reset(self);
     }
 }
 

@@ -10,7 +10,7 @@ pub mod membership;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
@@ -19,13 +19,14 @@ use k8s_openapi::{
 use kube::{
     Api, Client,
     api::{ObjectMeta, Patch, PatchParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::watcher,
 };
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::fleet_share::{BudgetScope, FleetShare};
 use crate::store::Store;
 use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, View};
+use rebound_runtime::watch_backoff::{SIDECAR_CAP, WatchBackoff, WatchBackoffExt};
 
 /// The field manager of the sidecar's server-side applies of its Lease.
 pub const FIELD_MANAGER: &str = "rebound-sidecar";
@@ -225,11 +226,7 @@ impl Member {
             self.api.clone(),
             watcher::Config::default().labels(&selector),
         )
-        .backoff(rebound_runtime::watch_backoff::WatchBackoff::new(
-            "sidecar/fleet",
-            rebound_runtime::watch_backoff::SIDECAR_CAP,
-        ))
-        .boxed();
+        .with_watch_backoff(WatchBackoff::new("sidecar/fleet", SIDECAR_CAP));
         let mut renew = tokio::time::interval(self.config.renew_every());
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut tick = tokio::time::interval(self.config.tick());

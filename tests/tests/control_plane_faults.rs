@@ -14,22 +14,18 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::Arc,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::Kubeconfig;
 use rebound_sidecar::pb::v1::{
     ConfigSource, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
 use rebound_test_support::{free_port, http_get, workspace_binary};
+use rebound_tests::proxy::{Proxy, api_server_addr, kubeconfig_through};
 use rebound_tests::{DedicatedCluster, repo_root, unique_name};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Channel;
 
 const CM: &str = "rebound-policies";
@@ -258,99 +254,6 @@ async fn every_sidecar_serves_an_edit_within_5s_of_the_api_server_return() -> Re
     Ok(())
 }
 
-/// A TCP proxy that can stop forwarding without closing anything: data read while it
-/// black-holes is held, and delivered when it forwards again (as TCP retransmission would).
-struct Proxy {
-    addr: SocketAddr,
-    blackhole: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Proxy {
-    async fn start(upstream: SocketAddr) -> Result<Proxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let blackhole = Arc::new(AtomicBool::new(false));
-        let hole = Arc::clone(&blackhole);
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((down, _)) = listener.accept().await {
-                let hole = Arc::clone(&hole);
-                connections.spawn(async move {
-                    let Ok(up) = TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    let (dr, dw) = down.into_split();
-                    let (ur, uw) = up.into_split();
-                    tokio::join!(forward(dr, uw, Arc::clone(&hole)), forward(ur, dw, hole));
-                });
-            }
-        });
-        Ok(Proxy {
-            addr,
-            blackhole,
-            task,
-        })
-    }
-}
-
-async fn forward(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    hole: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        while hole.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown().await;
-}
-
-/// The cluster's kubeconfig with its server replaced by the proxy's address (the serving
-/// certificate names the IP, so TLS still verifies).
-fn kubeconfig_through(
-    cluster: &DedicatedCluster,
-    proxy: SocketAddr,
-    dir: &Path,
-) -> Result<PathBuf> {
-    let mut kubeconfig = Kubeconfig::read_from(cluster.kubeconfig())?;
-    for named in &mut kubeconfig.clusters {
-        if let Some(c) = named.cluster.as_mut() {
-            c.server = Some(format!("https://{proxy}"));
-        }
-    }
-    let path = dir.join(format!("{}.kubeconfig", unique_name("proxied")));
-    std::fs::write(&path, serde_json::to_vec(&kubeconfig)?)?;
-    Ok(path)
-}
-
-fn api_server_addr(cluster: &DedicatedCluster) -> Result<SocketAddr> {
-    let kubeconfig = Kubeconfig::read_from(cluster.kubeconfig())?;
-    let server = kubeconfig
-        .clusters
-        .first()
-        .and_then(|c| c.cluster.as_ref())
-        .and_then(|c| c.server.clone())
-        .context("the kubeconfig names no server")?;
-    let hostport = server.trim_start_matches("https://").trim_end_matches('/');
-    Ok(hostport.parse()?)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_hanging_connection_is_noticed_within_10s() -> Result<()> {
     let cluster = start_cluster("cpfault-hang").await?;
@@ -360,7 +263,7 @@ async fn a_silently_hanging_connection_is_noticed_within_10s() -> Result<()> {
     let first = put_configmap(&api, &ns, 100).await?;
     let proxy = Proxy::start(api_server_addr(&cluster)?).await?;
     let tmp = tempfile::tempdir()?;
-    let kubeconfig = kubeconfig_through(&cluster, proxy.addr, tmp.path())?;
+    let kubeconfig = kubeconfig_through(&cluster, proxy.addr(), tmp.path())?;
     let mut sidecars = Vec::new();
     for _ in 0..SIDECARS {
         sidecars.push(spawn_sidecar(&kubeconfig, &ns).await?);
@@ -375,7 +278,7 @@ async fn a_silently_hanging_connection_is_noticed_within_10s() -> Result<()> {
     .await?;
 
     let hung = Instant::now();
-    proxy.blackhole.store(true, Ordering::Relaxed);
+    proxy.blackhole(true);
     let noticed = until_each(
         &mut sidecars,
         hung,
@@ -399,7 +302,7 @@ async fn a_silently_hanging_connection_is_noticed_within_10s() -> Result<()> {
             "still the last good one, stale"
         );
     }
-    proxy.blackhole.store(false, Ordering::Relaxed);
+    proxy.blackhole(false);
     let back = Instant::now();
     let took = until_each(
         &mut sidecars,

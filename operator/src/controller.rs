@@ -186,6 +186,7 @@ pub async fn run(
         streams: watch_streams,
         ready: false,
         keys: HashSet::new(),
+        failing: false,
         metrics: metrics.clone(),
         membership: Membership::new(&flags.configmap_name),
     };
@@ -236,6 +237,8 @@ struct Router {
     keys: HashSet<String>,
     metrics: Arc<Metrics>,
     membership: Membership,
+    /// A watch failed and no event has arrived since: one log line per failing streak.
+    failing: bool,
 }
 
 impl Router {
@@ -244,6 +247,10 @@ impl Router {
         incoming: Incoming,
         keys: &mut Writer<Namespace>,
     ) -> Vec<ReconcileRequest<Namespace>> {
+        let event_arrived = !matches!(incoming, Incoming::Error(_) | Incoming::Tick);
+        if event_arrived && std::mem::take(&mut self.failing) {
+            info!("watches delivering events again");
+        }
         let (namespaces, why) = match incoming {
             Incoming::Policy {
                 stream,
@@ -281,7 +288,11 @@ impl Router {
             Incoming::Error(e) => {
                 self.metrics.watch_error();
                 let code = crate::error::watch_status_code(&e);
-                warn!(error = %e, code, "watch failed; retrying with backoff");
+                if std::mem::replace(&mut self.failing, true) {
+                    debug!(error = %e, code, "watch failed again; retrying with backoff");
+                } else {
+                    warn!(error = %e, code, "watch failed; retrying with backoff");
+                }
                 (Vec::new(), "")
             }
         };

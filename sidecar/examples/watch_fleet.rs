@@ -13,7 +13,6 @@
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
@@ -115,7 +114,7 @@ async fn main() -> Result<()> {
     cluster
         .kubectl_stdin(["apply", "-n", &ns, "-f", "-"], &policy(100))?
         .ok()?;
-    let operator = PathBuf::from(std::env::current_exe()?)
+    let operator = std::env::current_exe()?
         .parent()
         .and_then(|examples| examples.parent())
         .context("no target directory")?

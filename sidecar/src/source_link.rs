@@ -34,12 +34,12 @@ impl SourceLink {
         self.announced.store(false, Ordering::Relaxed);
     }
 
-    /// The source answered. Returns `true` (and logs one line) on the transition from
-    /// disconnected.
+    /// The source answered. Returns `true` (and logs one line) on the transition from a
+    /// logged disconnection; a first connection after [`SourceLink::starting`] is quiet.
     pub fn connected(&self, origin: &str, now_ms: u64, serving: Option<&str>) -> bool {
         let since = self.disconnected_since_ms.swap(0, Ordering::Relaxed);
-        self.announced.store(false, Ordering::Relaxed);
-        if since == 0 {
+        let announced = self.announced.swap(false, Ordering::Relaxed);
+        if since == 0 || !announced {
             return false;
         }
         tracing::info!(
@@ -108,6 +108,9 @@ mod tests {
         assert_eq!(link.status().disconnected_since_ms, Some(1_000));
         assert!(link.connected("o", 1_500, None));
         assert!(!link.connected("o", 1_600, None));
+        link.starting(1_700);
+        assert!(!link.connected("o", 1_800, None), "a clean start is quiet");
+        assert!(link.status().connected);
         assert!(link.disconnected("o", 2_000, &"refused", Some("h")));
         assert!(!link.disconnected("o", 3_000, &"refused", Some("h")));
         assert_eq!(

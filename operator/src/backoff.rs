@@ -8,17 +8,12 @@ use std::time::Duration;
 use rebound_policy::resolve::{Disposition, ResolvedPolicy};
 use rebound_policy::spec::{JitterKind, Strategy};
 use rebound_policy::{Context, Decision, PreparedPolicy, decide};
+use rebound_runtime::watch_backoff::{OPERATOR_CAP, WatchBackoff};
 
 /// The operator's own retry policy for failed reconciles: exponential from 500ms,
 /// doubling, capped at 5m, full jitter, never giving up.
 pub fn operator_policy() -> PreparedPolicy {
     exponential("rebound-system/rebound-operator", 300_000)
-}
-
-/// Retry policy for re-establishing a watch: capped at 5s so the caches recover within
-/// seconds of the API server coming back, however long it was gone.
-pub fn watch_policy() -> PreparedPolicy {
-    exponential("rebound-system/rebound-operator-watch", 5_000)
 }
 
 fn exponential(identity: &str, cap_ms: u64) -> PreparedPolicy {
@@ -85,45 +80,10 @@ impl Requeue {
     }
 }
 
-/// Watch-stream backoff for kube-runtime, driven by [`watch_policy`]; reset by the stream
-/// on every successful event.
-pub struct WatchBackoff {
-    policy: PreparedPolicy,
-    key: String,
-    attempt: u32,
-}
-
-impl WatchBackoff {
-    pub fn new(key: impl Into<String>) -> Self {
-        Self {
-            policy: watch_policy(),
-            key: key.into(),
-            attempt: 0,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        self.attempt = self.attempt.saturating_add(1);
-        let ctx = Context {
-            job_id: Some(&self.key),
-            ..Context::default()
-        };
-        let ms = match decide(&self.policy, self.attempt, &ctx) {
-            Decision::Retry { delay_ms } => delay_ms,
-            Decision::GiveUp { .. } => self.policy.params().cap_ms,
-        };
-        Some(Duration::from_millis(ms))
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
+/// The backoff of the operator's watch named `name`: the one both binaries use, with the
+/// operator's short cap (see [`rebound_runtime::watch_backoff`]).
+pub fn watch_backoff(name: &str) -> WatchBackoff {
+    WatchBackoff::new(&format!("operator/{name}"), OPERATOR_CAP)
 }
 
 #[cfg(test)]
@@ -143,13 +103,9 @@ mod tests {
     }
 
     #[test]
-    fn watch_backoff_stays_under_five_seconds() {
-        let mut b = WatchBackoff::new("w");
-        assert!(
-            (0..50)
-                .filter_map(|_| b.next())
-                .all(|d| d <= Duration::from_secs(5))
-        );
+    fn watch_backoff_stays_under_the_operator_cap() {
+        let mut b = watch_backoff("w");
+        assert!(b.by_ref().take(50).all(|d| d <= OPERATOR_CAP));
     }
 
     #[test]

@@ -20,13 +20,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::Flags;
-use crate::backoff::WatchBackoff;
+use crate::backoff::watch_backoff;
 use crate::objects::policy_resource;
+use rebound_runtime::watch_backoff::WatchBackoffExt;
 
 /// Name of the RoleBinding in each namespace.
 pub const BINDING_NAME: &str = "rebound-sidecar";
@@ -99,7 +100,7 @@ pub async fn run(
         };
         streams.push(
             watcher(policies, watcher::Config::default().page_size(PAGE))
-                .backoff(WatchBackoff::new("bindings/policies".to_owned()))
+                .with_watch_backoff(watch_backoff("bindings/policies"))
                 .map(namespace_of)
                 .boxed(),
         );
@@ -109,7 +110,7 @@ pub async fn run(
             .page_size(PAGE);
         streams.push(
             watcher(pods, pods_config)
-                .backoff(WatchBackoff::new("bindings/pods".to_owned()))
+                .with_watch_backoff(watch_backoff("bindings/pods"))
                 .map(namespace_of)
                 .boxed(),
         );

@@ -24,7 +24,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
 use crate::Flags;
-use crate::backoff::{Requeue, WatchBackoff};
+use crate::backoff::{Requeue, watch_backoff};
 use crate::cache::Cache;
 use crate::context::{Context, Stores};
 use crate::events::Events;
@@ -33,6 +33,7 @@ use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView, policy_resource, slim_configmap, slim_policy};
 use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
+use rebound_runtime::watch_backoff::WatchBackoffExt;
 
 /// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,
 /// policies with 256 KiB annotations) is never decoded all at once; only the slimmed
@@ -96,7 +97,7 @@ pub async fn run(
         let scope_name = scope.clone();
         streams.push(
             watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
-                .backoff(WatchBackoff::new(format!("policies/{stream}")))
+                .with_watch_backoff(watch_backoff(&format!("policies/{stream}")))
                 .map_ok(move |e| {
                     let e = e.modify(slim_policy);
                     cache.apply(&e, PolicyView::keyed);
@@ -126,7 +127,7 @@ pub async fn run(
                     .fields(&cm_selector)
                     .page_size(CONFIGMAP_PAGE),
             )
-            .backoff(WatchBackoff::new(format!("configmaps/{stream}")))
+            .with_watch_backoff(watch_backoff(&format!("configmaps/{stream}")))
             .map_ok(move |e| {
                 cache.apply(&e, ConfigMapView::keyed);
                 e.modify(slim_configmap)
@@ -153,7 +154,7 @@ pub async fn run(
                     .labels(fleet::SELECTOR)
                     .page_size(LEASE_PAGE),
             )
-            .backoff(WatchBackoff::new(format!("leases/{stream}")))
+            .with_watch_backoff(watch_backoff(&format!("leases/{stream}")))
             .map_ok(move |e| lenient.typed(e).modify(fleet::slim_lease))
             .reflect(writer)
             .map(move |r| match r {
@@ -186,6 +187,7 @@ pub async fn run(
         streams: watch_streams,
         ready: false,
         keys: HashSet::new(),
+        failing: false,
         metrics: metrics.clone(),
         membership: Membership::new(&flags.configmap_name),
     };
@@ -236,6 +238,8 @@ struct Router {
     keys: HashSet<String>,
     metrics: Arc<Metrics>,
     membership: Membership,
+    /// A watch failed and no event has arrived since: one log line per failing streak.
+    failing: bool,
 }
 
 impl Router {
@@ -244,6 +248,10 @@ impl Router {
         incoming: Incoming,
         keys: &mut Writer<Namespace>,
     ) -> Vec<ReconcileRequest<Namespace>> {
+        let event_arrived = !matches!(incoming, Incoming::Error(_) | Incoming::Tick);
+        if event_arrived && std::mem::take(&mut self.failing) {
+            info!("watches delivering events again");
+        }
         let (namespaces, why) = match incoming {
             Incoming::Policy {
                 stream,
@@ -281,7 +289,11 @@ impl Router {
             Incoming::Error(e) => {
                 self.metrics.watch_error();
                 let code = crate::error::watch_status_code(&e);
-                warn!(error = %e, code, "watch failed; retrying with backoff");
+                if std::mem::replace(&mut self.failing, true) {
+                    debug!(error = %e, code, "watch failed again; retrying with backoff");
+                } else {
+                    warn!(error = %e, code, "watch failed; retrying with backoff");
+                }
                 (Vec::new(), "")
             }
         };

@@ -2,11 +2,21 @@
 //! holder runs the controller. Losing the Lease stops the controller at once (its caches
 //! and memory are dropped; the next term starts fresh); shutdown releases the Lease so a
 //! standby takes over without waiting for it to expire.
+//!
+//! The lease manager keeps saying "leader" while it cannot reach the API server, so a
+//! leader cut off for longer than the Lease (an API server outage, a hung connection)
+//! would still be writing when a standby takes the expired Lease over. As client-go's
+//! `RenewDeadline`, the term also stops once the Lease has not been seen renewed by this
+//! replica for [`renew_deadline`] (below the duration): the old leader stops writing
+//! before anyone else can hold the Lease, and leads again only once it is seen renewing.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -70,19 +80,36 @@ pub async fn run(
         }
     };
     info!(%identity, lease = %flags.lease_name, %namespace, "campaigning for leadership");
-    let (mut leading, task) = manager.watch().await;
+    let (mut leading, task) = campaign(manager);
+    let deadline = renew_deadline(flags.lease_duration, flags.lease_grace);
+    let (confirmed_tx, mut confirmed) = watch::channel(false);
+    let confirming = tokio::spawn(confirm(
+        Api::namespaced(client.clone(), &namespace),
+        flags.lease_name.clone(),
+        identity.clone(),
+        deadline,
+        confirmed_tx,
+    ));
 
     let result = loop {
         metrics.set_leader(false);
         // A standby is healthy: it is ready to take over.
         metrics.set_ready(true);
-        tokio::select! {
-            changed = leading.wait_for(|l| *l) => {
-                if changed.is_err() {
-                    break Err(ElectionError("the Lease task ended".to_owned()));
-                }
+        // Leads only while the manager holds the Lease and it is seen renewed in time.
+        let ended = loop {
+            if *leading.borrow_and_update() && *confirmed.borrow_and_update() {
+                break None;
             }
-            _ = shutdown.wait_for(|s| *s) => break Ok(()),
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() {
+                    break Some(Err(ElectionError("the Lease task ended".to_owned())));
+                },
+                _ = confirmed.changed() => {}
+                _ = shutdown.wait_for(|s| *s) => break Some(Ok(())),
+            }
+        };
+        if let Some(ended) = ended {
+            break ended;
         }
         info!(%identity, "became leader");
         metrics.set_leader(true);
@@ -97,16 +124,131 @@ pub async fn run(
                 }
                 warn!(%identity, "lost leadership; controller stopped");
             }
+            _ = confirmed.wait_for(|c| !*c) => {
+                metrics.clear_namespaces();
+                warn!(
+                    %identity,
+                    renew_deadline_s = deadline.as_secs_f64(),
+                    "the Lease was not seen renewed within the renew deadline; controller stopped before it can expire"
+                );
+            }
         }
     };
+    confirming.abort();
     metrics.set_leader(false);
     // Dropping the receiver makes the Lease task release the Lease and end.
     drop(leading);
     match tokio::time::timeout(Duration::from_secs(5), task).await {
-        Ok(Ok(Ok(_))) => info!("released the Lease"),
+        Ok(Ok(Ok(()))) => info!("released the Lease"),
         Ok(Ok(Err(e))) => warn!(error = %e, "could not release the Lease"),
         Ok(Err(e)) => warn!(error = %e, "the Lease task failed"),
         Err(_) => warn!("timed out releasing the Lease"),
     }
     result
+}
+
+/// Renews (or campaigns for) the Lease, like the manager's own `watch()` but retrying a
+/// failed renewal after the shared watch backoff (at most 1 s) instead of the manager's
+/// growing one (up to 30 s), so a leader is back within seconds of the API server's
+/// return. Dropping the receiver releases the Lease and ends the task. One log line per
+/// failing streak.
+fn campaign(
+    manager: kube_lease_manager::LeaseManager,
+) -> (
+    watch::Receiver<bool>,
+    tokio::task::JoinHandle<Result<(), kube_lease_manager::LeaseManagerError>>,
+) {
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut backoff = crate::backoff::watch_backoff("lease");
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return manager.release().await,
+                changed = manager.changed() => match changed {
+                    Ok(leading) => {
+                        backoff.reset();
+                        if std::mem::take(&mut failing) {
+                            info!("the Lease is reachable again");
+                        }
+                        tx.send_replace(leading);
+                    }
+                    Err(error) => {
+                        if !std::mem::replace(&mut failing, true) {
+                            warn!(%error, "cannot renew or read the Lease; retrying");
+                        }
+                        let delay = backoff.next().unwrap_or(Duration::from_secs(1));
+                        tokio::select! {
+                            _ = tx.closed() => return manager.release().await,
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                    }
+                },
+            }
+        }
+    });
+    (rx, task)
+}
+
+/// How long after its last renewal a leader keeps writing: halfway between the renewal
+/// (`grace` before expiry) and the expiry, so at least `grace / 2` before anyone else can
+/// take the Lease.
+pub fn renew_deadline(duration_s: u64, grace_s: u64) -> Duration {
+    Duration::from_secs(duration_s).saturating_sub(Duration::from_secs(grace_s) / 2)
+}
+
+/// How often the Lease is read to confirm the leadership.
+const CONFIRM_EVERY: Duration = Duration::from_millis(500);
+
+/// Keeps `confirmed` true while the Lease names `identity` as holder with a renewal less
+/// than `deadline` old. A read that fails (or hangs past [`CONFIRM_EVERY`]) confirms
+/// nothing new: the last renewal seen ages until the deadline passes.
+async fn confirm(
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    deadline: Duration,
+    confirmed: watch::Sender<bool>,
+) {
+    let mut renewed: Option<Timestamp> = None;
+    let mut every = tokio::time::interval(CONFIRM_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Ok(Ok(lease)) = tokio::time::timeout(CONFIRM_EVERY, api.get_opt(&name)).await {
+            let spec = lease.and_then(|l| l.spec);
+            let holder = spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+            renewed = match holder {
+                Some(h) if h == identity => spec.and_then(|s| s.renew_time).map(|t| t.0),
+                _ => None,
+            };
+        }
+        let held = renewed.is_some_and(|t| held_within(t, Timestamp::now(), deadline));
+        confirmed.send_if_modified(|c| std::mem::replace(c, held) != held);
+    }
+}
+
+/// The renewal at `renewed` is younger than `deadline` at `now`.
+fn held_within(renewed: Timestamp, now: Timestamp, deadline: Duration) -> bool {
+    let age_ms = now
+        .as_millisecond()
+        .saturating_sub(renewed.as_millisecond());
+    age_ms < i64::try_from(deadline.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deadline_falls_between_renewal_and_expiry() {
+        let d = renew_deadline(15, 5);
+        assert_eq!(d, Duration::from_millis(12_500));
+        assert!(d > Duration::from_secs(15 - 5) && d < Duration::from_secs(15));
+        let t = Timestamp::from_second(1_000).unwrap_or(Timestamp::UNIX_EPOCH);
+        let later = |ms: i64| Timestamp::from_millisecond(t.as_millisecond() + ms).unwrap_or(t);
+        assert!(held_within(t, later(12_499), d));
+        assert!(!held_within(t, later(12_500), d));
+    }
 }

@@ -26,7 +26,9 @@ async fn run() -> anyhow::Result<()> {
     flags.check().map_err(|e| anyhow!(e))?;
     init_tracing(flags.log_format);
 
-    let client = kube::Client::try_default()
+    // HTTP/2 keepalive: a hung connection fails the Lease renewals and the watches within
+    // seconds instead of minutes.
+    let client = rebound_runtime::api_client::infer()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
     let metrics = Arc::new(Metrics::new());

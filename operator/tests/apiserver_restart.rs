@@ -1,5 +1,6 @@
-//! The API server stopped and started again under a running operator: it recovers on its
-//! own (same process) and compiles what changed. Uses a cluster of its own.
+//! The API server stopped and started again under a running operator: it stops leading
+//! while it cannot renew its Lease, recovers on its own (same process) and compiles what
+//! changed. Uses a cluster of its own.
 
 mod common;
 
@@ -28,6 +29,12 @@ async fn operator_recovers_from_an_apiserver_restart() -> Result<()> {
         op.alive(),
         "the operator exited while the API server was down"
     );
+    // Unable to renew its Lease for longer than the renew deadline, it stopped leading
+    // (the watches may not even have failed yet: a stopping API server drains them).
+    ensure!(
+        !op.is_leader(),
+        "still leading after 20 s without renewing the Lease"
+    );
     cluster.start_apiserver()?;
     let back = Instant::now();
 
@@ -42,10 +49,6 @@ async fn operator_recovers_from_an_apiserver_restart() -> Result<()> {
     );
     ensure!(doc.policies[0].params.max_attempts == 7);
     ensure!(op.alive(), "the operator exited");
-    ensure!(
-        op.metric("rebound_operator_watch_errors_total")? > 0.0,
-        "no watch errors seen"
-    );
     ensure!(op.is_leader());
     Ok(())
 }

@@ -1,5 +1,10 @@
 //! The process set-up Rebound's binaries share: allocator tuning, the log format, the
-//! Pod's namespace and the shutdown signals. Nothing here knows about policies.
+//! Pod's namespace, the shutdown signals, and how they reach the API server (the client
+//! and the watch backoff).
+
+#[cfg(feature = "kube")]
+pub mod api_client;
+pub mod watch_backoff;
 
 use std::io::IsTerminal;
 

@@ -415,6 +415,8 @@ pub fn get_policy(
         policy: Some(policy_ref(cfg, entry)),
         resolved: Some(resolved_to_wire(entry.policy.params())),
         budget_scope,
+        // Set by the service, which knows the source.
+        config_source: None,
     })
 }
 

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
@@ -27,7 +27,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::watcher,
 };
 use tokio::{sync::watch, task::JoinHandle};
 
@@ -35,6 +35,7 @@ use crate::fleet_share::{BudgetScope, FleetShare};
 use crate::store::Store;
 use lease::SeenLease;
 use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, Observed, Skip, View};
+use rebound_runtime::watch_backoff::{SIDECAR_CAP, WatchBackoff, WatchBackoffExt};
 
 /// The field manager of the sidecar's server-side applies of its Lease.
 pub const FIELD_MANAGER: &str = "rebound-sidecar";
@@ -277,8 +278,7 @@ impl Member {
             self.leases.clone(),
             watcher::Config::default().labels(&selector),
         )
-        .default_backoff()
-        .boxed();
+        .with_watch_backoff(WatchBackoff::new("sidecar/fleet", SIDECAR_CAP));
         let mut renew = tokio::time::interval(self.config.renew_every());
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut tick = tokio::time::interval(self.config.tick());

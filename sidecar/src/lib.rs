@@ -11,7 +11,8 @@
 //! - [`fleet_share`] holds this sidecar's share of the budgets for the request path, and
 //!   [`fleet`] (watch mode) keeps it current from the namespace's sidecar Leases;
 //! - [`store`] holds the current configuration and swaps it atomically;
-//! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones;
+//! - [`source`] watches a mounted directory, a YAML file or a ConfigMap for new ones, and
+//!   [`source_link`] says whether it can (watch mode loses it with the API server);
 //! - [`client`] opens channels to a sidecar over TCP or its Unix socket;
 //! - `testkit` (feature `testkit`, on only for the tests, the load benchmark and the fuzz
 //!   targets) generates policy tables and reproduces kubelet's volume updates.
@@ -28,6 +29,7 @@ pub mod retry_budgets;
 pub mod server;
 pub mod service;
 pub mod source;
+pub mod source_link;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;

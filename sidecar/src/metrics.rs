@@ -18,6 +18,7 @@ use prometheus_client::{
 };
 
 use crate::fleet_share::{BudgetScope, FleetShare};
+use crate::source_link::SourceLink;
 
 /// Which configuration the sidecar answers from; what tells "the policies were removed"
 /// from "the configuration is broken".
@@ -119,6 +120,9 @@ pub struct Metrics {
     budget: BudgetFamilies,
     fleet: Arc<FleetShare>,
     fleet_gauges: FleetGauges,
+    link: Arc<SourceLink>,
+    source_connected: Gauge,
+    source_disconnected_seconds: Gauge<f64, AtomicU64>,
     /// One scrape at a time: each resets the configuration gauges before encoding.
     scrape: Mutex<()>,
 }
@@ -227,12 +231,27 @@ impl Metrics {
             "When the loaded configuration was installed, in Unix seconds",
             loaded_at.clone(),
         );
+        let source_connected = Gauge::default();
+        registry.register(
+            "config_source_connected",
+            "1 while the configuration source is reachable; 0 while a watch-mode sidecar cannot reach the API server and answers from the last good configuration without seeing changes",
+            source_connected.clone(),
+        );
+        let source_disconnected_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "config_source_disconnected_seconds",
+            "How long the configuration source has been unreachable (0 while connected): alert when it stays above a minute",
+            source_disconnected_seconds.clone(),
+        );
         let budget = BudgetFamilies::register(&mut registry);
         let fleet_gauges = FleetGauges::register(&mut registry);
         Self {
             budget,
             fleet: Arc::new(FleetShare::default()),
             fleet_gauges,
+            link: Arc::new(SourceLink::default()),
+            source_connected,
+            source_disconnected_seconds,
             retry: outcome("retry"),
             give_up_max_attempts: outcome("give_up_max_attempts"),
             give_up_deadline: outcome("give_up_deadline"),
@@ -254,6 +273,11 @@ impl Metrics {
             loaded_at,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// Whether the configuration source is reachable; watch mode keeps it current.
+    pub fn source_link(&self) -> &Arc<SourceLink> {
+        &self.link
     }
 
     /// The share of the retry budgets this sidecar books, as the fleet task last set it.
@@ -372,6 +396,12 @@ impl Metrics {
             }
         }
         self.fleet_gauges.set(&self.fleet);
+        let link = self.link.status();
+        self.source_connected.set(i64::from(link.connected));
+        self.source_disconnected_seconds
+            .set(link.disconnected_since_ms.map_or(0.0, |since| {
+                crate::system_now_ms().saturating_sub(since) as f64 / 1e3
+            }));
         let mut out = String::with_capacity(4096);
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -89,10 +89,19 @@ impl RetryAdvisor for Advisor {
         &self,
         request: Request<wire::GetPolicyRequest>,
     ) -> Result<Response<pb::GetPolicyResponse>, Status> {
+        let link = self.store.metrics().source_link().status();
         self.with_config(|cfg| {
-            answer::get_policy(cfg, request.get_ref())
-                .map(Response::new)
-                .map_err(Status::from)
+            let mut answer = answer::get_policy(cfg, request.get_ref()).map_err(Status::from)?;
+            answer.config_source = Some(pb::ConfigSource {
+                connected: link.connected,
+                disconnected_since_unix_ms: link.disconnected_since_ms.unwrap_or(0),
+                served_hash: answer
+                    .policy
+                    .as_ref()
+                    .map(|p| p.config_hash.clone())
+                    .unwrap_or_default(),
+            });
+            Ok(Response::new(answer))
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod kubelet;
 pub mod lease;
 pub mod module_graph;
 pub mod node;
+pub mod proxy;
 
 pub use cluster::{
     Cluster, CmdOutput, DedicatedCluster, FIELD_MANAGER, TestEnv, client_from_kubeconfig, crds_dir,

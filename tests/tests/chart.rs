@@ -547,6 +547,8 @@ fn default_rendering_matches_deploy() -> Result<()> {
                         | "MutatingAdmissionPolicy"
                         | "MutatingAdmissionPolicyBinding"
                         | "ConfigMap"
+                        | "FlowSchema"
+                        | "PriorityLevelConfiguration"
                 ),
                 "unexpected {kind} in the default rendering"
             );

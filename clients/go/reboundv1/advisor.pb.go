@@ -1062,7 +1062,9 @@ type GetPolicyResponse struct {
 	Policy   *PolicyRef             `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
 	Resolved *ResolvedPolicy        `protobuf:"bytes,2,opt,name=resolved,proto3" json:"resolved,omitempty"`
 	// Set only for a policy with a retry budget: over what this sidecar enforces it.
-	BudgetScope   *BudgetScope `protobuf:"bytes,3,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
+	BudgetScope *BudgetScope `protobuf:"bytes,3,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
+	// Whether the sidecar sees changes to its configuration, and which one it serves.
+	ConfigSource  *ConfigSource `protobuf:"bytes,4,opt,name=config_source,json=configSource,proto3" json:"config_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1118,6 +1120,78 @@ func (x *GetPolicyResponse) GetBudgetScope() *BudgetScope {
 	return nil
 }
 
+func (x *GetPolicyResponse) GetConfigSource() *ConfigSource {
+	if x != nil {
+		return x.ConfigSource
+	}
+	return nil
+}
+
+// The configuration source (watch mode: the ConfigMap through the API server; file mode:
+// the mounted file, always connected). While disconnected the sidecar keeps answering from
+// the last good configuration, but does not see edits.
+type ConfigSource struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Connected bool                   `protobuf:"varint,1,opt,name=connected,proto3" json:"connected,omitempty"`
+	// When the source was lost, Unix ms; 0 while connected.
+	DisconnectedSinceUnixMs uint64 `protobuf:"varint,2,opt,name=disconnected_since_unix_ms,json=disconnectedSinceUnixMs,proto3" json:"disconnected_since_unix_ms,omitempty"`
+	// The hash of the configuration answered from (PolicyRef.config_hash).
+	ServedHash    string `protobuf:"bytes,3,opt,name=served_hash,json=servedHash,proto3" json:"served_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigSource) Reset() {
+	*x = ConfigSource{}
+	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigSource) ProtoMessage() {}
+
+func (x *ConfigSource) ProtoReflect() protoreflect.Message {
+	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigSource.ProtoReflect.Descriptor instead.
+func (*ConfigSource) Descriptor() ([]byte, []int) {
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ConfigSource) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *ConfigSource) GetDisconnectedSinceUnixMs() uint64 {
+	if x != nil {
+		return x.DisconnectedSinceUnixMs
+	}
+	return 0
+}
+
+func (x *ConfigSource) GetServedHash() string {
+	if x != nil {
+		return x.ServedHash
+	}
+	return ""
+}
+
 // How a retry budget is shared: by the sidecars serving the policy's ConfigMap in its
 // namespace (each holding a Lease), or by each sidecar on its own.
 type BudgetScope struct {
@@ -1139,7 +1213,7 @@ type BudgetScope struct {
 
 func (x *BudgetScope) Reset() {
 	*x = BudgetScope{}
-	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	mi := &file_rebound_v1_advisor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1225,7 @@ func (x *BudgetScope) String() string {
 func (*BudgetScope) ProtoMessage() {}
 
 func (x *BudgetScope) ProtoReflect() protoreflect.Message {
-	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	mi := &file_rebound_v1_advisor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1238,7 @@ func (x *BudgetScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetScope.ProtoReflect.Descriptor instead.
 func (*BudgetScope) Descriptor() ([]byte, []int) {
-	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{10}
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BudgetScope) GetPerPod() bool {
@@ -1258,11 +1332,17 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"\x14non_retryable_errors\x18\n" +
 	" \x03(\tR\x12nonRetryableErrors\x123\n" +
 	"\bterminal\x18\v \x01(\x0e2\x17.rebound.v1.DispositionR\bterminal\x12*\n" +
-	"\x11dead_letter_queue\x18\f \x01(\tR\x0fdeadLetterQueue\"\xb6\x01\n" +
+	"\x11dead_letter_queue\x18\f \x01(\tR\x0fdeadLetterQueue\"\xf5\x01\n" +
 	"\x11GetPolicyResponse\x12-\n" +
 	"\x06policy\x18\x01 \x01(\v2\x15.rebound.v1.PolicyRefR\x06policy\x126\n" +
 	"\bresolved\x18\x02 \x01(\v2\x1a.rebound.v1.ResolvedPolicyR\bresolved\x12:\n" +
-	"\fbudget_scope\x18\x03 \x01(\v2\x17.rebound.v1.BudgetScopeR\vbudgetScope\"n\n" +
+	"\fbudget_scope\x18\x03 \x01(\v2\x17.rebound.v1.BudgetScopeR\vbudgetScope\x12=\n" +
+	"\rconfig_source\x18\x04 \x01(\v2\x18.rebound.v1.ConfigSourceR\fconfigSource\"\x8a\x01\n" +
+	"\fConfigSource\x12\x1c\n" +
+	"\tconnected\x18\x01 \x01(\bR\tconnected\x12;\n" +
+	"\x1adisconnected_since_unix_ms\x18\x02 \x01(\x04R\x17disconnectedSinceUnixMs\x12\x1f\n" +
+	"\vserved_hash\x18\x03 \x01(\tR\n" +
+	"servedHash\"n\n" +
 	"\vBudgetScope\x12\x17\n" +
 	"\aper_pod\x18\x01 \x01(\bR\x06perPod\x12\x18\n" +
 	"\amembers\x18\x02 \x01(\rR\amembers\x12\x16\n" +
@@ -1313,7 +1393,7 @@ func file_rebound_v1_advisor_proto_rawDescGZIP() []byte {
 }
 
 var file_rebound_v1_advisor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_rebound_v1_advisor_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_rebound_v1_advisor_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_rebound_v1_advisor_proto_goTypes = []any{
 	(Decision)(0),               // 0: rebound.v1.Decision
 	(Disposition)(0),            // 1: rebound.v1.Disposition
@@ -1330,7 +1410,8 @@ var file_rebound_v1_advisor_proto_goTypes = []any{
 	(*GetPolicyRequest)(nil),    // 12: rebound.v1.GetPolicyRequest
 	(*ResolvedPolicy)(nil),      // 13: rebound.v1.ResolvedPolicy
 	(*GetPolicyResponse)(nil),   // 14: rebound.v1.GetPolicyResponse
-	(*BudgetScope)(nil),         // 15: rebound.v1.BudgetScope
+	(*ConfigSource)(nil),        // 15: rebound.v1.ConfigSource
+	(*BudgetScope)(nil),         // 16: rebound.v1.BudgetScope
 }
 var file_rebound_v1_advisor_proto_depIdxs = []int32{
 	0,  // 0: rebound.v1.DecideResponse.decision:type_name -> rebound.v1.Decision
@@ -1346,18 +1427,19 @@ var file_rebound_v1_advisor_proto_depIdxs = []int32{
 	1,  // 10: rebound.v1.ResolvedPolicy.terminal:type_name -> rebound.v1.Disposition
 	6,  // 11: rebound.v1.GetPolicyResponse.policy:type_name -> rebound.v1.PolicyRef
 	13, // 12: rebound.v1.GetPolicyResponse.resolved:type_name -> rebound.v1.ResolvedPolicy
-	15, // 13: rebound.v1.GetPolicyResponse.budget_scope:type_name -> rebound.v1.BudgetScope
-	5,  // 14: rebound.v1.RetryAdvisor.Decide:input_type -> rebound.v1.DecideRequest
-	8,  // 15: rebound.v1.RetryAdvisor.DecideBatch:input_type -> rebound.v1.DecideBatchRequest
-	12, // 16: rebound.v1.RetryAdvisor.GetPolicy:input_type -> rebound.v1.GetPolicyRequest
-	7,  // 17: rebound.v1.RetryAdvisor.Decide:output_type -> rebound.v1.DecideResponse
-	11, // 18: rebound.v1.RetryAdvisor.DecideBatch:output_type -> rebound.v1.DecideBatchResponse
-	14, // 19: rebound.v1.RetryAdvisor.GetPolicy:output_type -> rebound.v1.GetPolicyResponse
-	17, // [17:20] is the sub-list for method output_type
-	14, // [14:17] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 13: rebound.v1.GetPolicyResponse.budget_scope:type_name -> rebound.v1.BudgetScope
+	15, // 14: rebound.v1.GetPolicyResponse.config_source:type_name -> rebound.v1.ConfigSource
+	5,  // 15: rebound.v1.RetryAdvisor.Decide:input_type -> rebound.v1.DecideRequest
+	8,  // 16: rebound.v1.RetryAdvisor.DecideBatch:input_type -> rebound.v1.DecideBatchRequest
+	12, // 17: rebound.v1.RetryAdvisor.GetPolicy:input_type -> rebound.v1.GetPolicyRequest
+	7,  // 18: rebound.v1.RetryAdvisor.Decide:output_type -> rebound.v1.DecideResponse
+	11, // 19: rebound.v1.RetryAdvisor.DecideBatch:output_type -> rebound.v1.DecideBatchResponse
+	14, // 20: rebound.v1.RetryAdvisor.GetPolicy:output_type -> rebound.v1.GetPolicyResponse
+	18, // [18:21] is the sub-list for method output_type
+	15, // [15:18] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_rebound_v1_advisor_proto_init() }
@@ -1375,7 +1457,7 @@ func file_rebound_v1_advisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rebound_v1_advisor_proto_rawDesc), len(file_rebound_v1_advisor_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -68,6 +68,12 @@ Google::Protobuf::DescriptorPool.generated_pool.build do
       optional :policy, :message, 1, "rebound.v1.PolicyRef"
       optional :resolved, :message, 2, "rebound.v1.ResolvedPolicy"
       optional :budget_scope, :message, 3, "rebound.v1.BudgetScope"
+      optional :config_source, :message, 4, "rebound.v1.ConfigSource"
+    end
+    add_message "rebound.v1.ConfigSource" do
+      optional :connected, :bool, 1
+      optional :disconnected_since_unix_ms, :uint64, 2
+      optional :served_hash, :string, 3
     end
     add_message "rebound.v1.BudgetScope" do
       optional :per_pod, :bool, 1
@@ -121,6 +127,7 @@ module Rebound
     GetPolicyRequest = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GetPolicyRequest").msgclass
     ResolvedPolicy = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.ResolvedPolicy").msgclass
     GetPolicyResponse = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GetPolicyResponse").msgclass
+    ConfigSource = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.ConfigSource").msgclass
     BudgetScope = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.BudgetScope").msgclass
     Decision = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.Decision").enummodule
     Disposition = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.Disposition").enummodule

@@ -50,8 +50,10 @@ async fn half_sent_requests_are_dropped_and_probes_still_answer() -> Result<()> 
     let env = TestEnv::new("op-http").await?;
     let op = Operator::start(env.cluster.kubeconfig(), scoped(&env.namespace, &[]))?;
     let addr = op.metrics;
-    eventually("/livez", WAIT, || async {
-        Ok(http_get(addr, "/livez").and_then(HttpResponse::ok).ok())
+    // Leading comes after /livez (the Lease is acquired, then seen renewed).
+    eventually("leading", WAIT, || async {
+        let scrape = http_get(addr, "/metrics").and_then(HttpResponse::ok).ok();
+        Ok(scrape.filter(|s| metric_sum(s, "rebound_operator_leader") == 1.0))
     })
     .await?;
 

@@ -115,6 +115,11 @@ pub struct Budgeted {
     pub repeat: bool,
 }
 
+/// A broken invariant of the slot book (a bug, never the caller's input).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("retry budget book broken: {0}")]
+pub struct BookError(String);
+
 /// One policy's slot book and memo.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -170,6 +175,12 @@ impl Scheduler {
 
     pub fn memo_len(&self) -> usize {
         self.memo.map.len()
+    }
+
+    /// Checks the book's invariants, in O(runs): for property tests and fuzzing, which
+    /// call it after every step.
+    pub fn check_book(&self) -> Result<(), BookError> {
+        self.slots.check()
     }
 
     /// Applies the budget to `decide`'s answer. Only `Retry` answers take a slot; give-ups
@@ -313,6 +324,40 @@ impl Slots {
         self.share.next_owned(from) >= to
     }
 
+    /// Runs within the cap, each non-empty and ending before the next starts, last-slot
+    /// fill within `1..=burst`.
+    fn check(&self) -> Result<(), BookError> {
+        let fail = |what: String| Err(BookError(what));
+        if self.runs.len() > self.max_runs {
+            return fail(format!(
+                "{} runs over the cap {}",
+                self.runs.len(),
+                self.max_runs
+            ));
+        }
+        let mut prev_end = None;
+        for (&start, run) in &self.runs {
+            if start >= run.end {
+                return fail(format!("empty run [{start}, {})", run.end));
+            }
+            if !(1..=self.burst).contains(&run.fill) {
+                return fail(format!(
+                    "run at {start} fills {} of {}",
+                    run.fill, self.burst
+                ));
+            }
+            if let Some(end) = prev_end
+                && start < end
+            {
+                return fail(format!(
+                    "run at {start} starts inside the one ending at {end}"
+                ));
+            }
+            prev_end = Some(run.end);
+        }
+        Ok(())
+    }
+
     /// Forgets runs that ended before slot `now`.
     fn forget_before(&mut self, now: u64) {
         while let Some(entry) = self.runs.first_entry() {
@@ -342,43 +387,56 @@ impl Slots {
         slot
     }
 
-    /// Takes one place in `slot`, which [`Self::find_free`] returned.
+    /// Takes one place in `slot`, which [`Self::find_free`] returned. The run that takes
+    /// it is picked after any compaction, which may have merged the gap `slot` lies in.
     fn book(&mut self, slot: u64) {
         let burst = self.burst;
-        let prev = self.runs.range(..=slot).next_back().map(|(s, r)| (*s, *r));
-        let start = match prev {
-            // The partial last slot of a run.
-            Some((start, run)) if slot.saturating_add(1) == run.end && run.fill < burst => {
-                self.set(start, run.end, run.fill + 1);
-                start
-            }
-            // Right after a run whose last slot is full, with no slot of ours between: the
-            // run grows.
-            Some((start, run))
-                if slot >= run.end && run.fill == burst && self.none_owned(run.end, slot) =>
-            {
-                self.set(start, slot.saturating_add(1), 1);
-                start
-            }
-            _ if self.runs.len() < self.max_runs || self.compact() => {
-                self.set(slot, slot.saturating_add(1), 1);
-                slot
-            }
-            // Out of runs even after compacting (a cap of one run): the gap up to `slot`
-            // is counted as full (conservative).
-            Some((start, _)) => {
-                self.set(start, slot.saturating_add(1), 1);
-                start
-            }
-            // `slot` precedes every run: the first run now starts at `slot`, and the slots
-            // in between count as full.
-            None => {
-                let Some((first, run)) = self.runs.pop_first() else {
+        let mut compacted = false;
+        let start = loop {
+            let prev = self.runs.range(..=slot).next_back().map(|(s, r)| (*s, *r));
+            match prev {
+                // The partial last slot of a run.
+                Some((start, run)) if slot.saturating_add(1) == run.end && run.fill < burst => {
+                    self.set(start, run.end, run.fill + 1);
+                    break start;
+                }
+                // Inside a run otherwise: only after compaction merged the (free) gap
+                // holding `slot`, which is now counted as full: the place is taken.
+                Some((_, run)) if slot < run.end => {
+                    debug_assert!(compacted, "find_free returned a full slot");
                     return;
-                };
-                debug_assert!(first > slot);
-                self.runs.insert(slot, run);
-                slot
+                }
+                // Right after a run whose last slot is full, with no slot of ours between:
+                // the run grows.
+                Some((start, run)) if run.fill == burst && self.none_owned(run.end, slot) => {
+                    self.set(start, slot.saturating_add(1), 1);
+                    break start;
+                }
+                _ if self.runs.len() < self.max_runs => {
+                    self.set(slot, slot.saturating_add(1), 1);
+                    break slot;
+                }
+                // At the cap: compact once, then pick the run again.
+                _ if !compacted => {
+                    compacted = true;
+                    self.compact();
+                }
+                // Out of runs even after compacting (a cap of one run): the gap up to
+                // `slot` is counted as full (conservative).
+                Some((start, _)) => {
+                    self.set(start, slot.saturating_add(1), 1);
+                    break start;
+                }
+                // `slot` precedes every run: the first run now starts at `slot`, and the
+                // slots in between count as full.
+                None => {
+                    let Some((first, run)) = self.runs.pop_first() else {
+                        return;
+                    };
+                    debug_assert!(first > slot);
+                    self.runs.insert(slot, run);
+                    break slot;
+                }
             }
         };
         self.merge_after(start);
@@ -390,6 +448,7 @@ impl Slots {
     /// quarter of the cap new runs, so its O(n log n) is O(log n) per booking. False when
     /// nothing can be merged.
     fn compact(&mut self) -> bool {
+        debug_assert!(self.check().is_ok(), "{:?}", self.check());
         let target = (self.max_runs - self.max_runs / 4).min(self.max_runs - 1);
         if target == 0 || self.runs.len() < 2 {
             return false;
@@ -401,7 +460,9 @@ impl Slots {
         let mut gaps: Vec<(u64, usize)> = runs
             .windows(2)
             .enumerate()
-            .map(|(i, w)| (w[1].0 - w[0].1.end, i))
+            // Runs are disjoint, so this never saturates; if they were not, an overlap
+            // is the smallest gap, merged first, which repairs it.
+            .map(|(i, w)| (w[1].0.saturating_sub(w[0].1.end), i))
             .collect();
         gaps.select_nth_unstable(merges - 1);
         let mut merge_after = vec![false; runs.len()];
@@ -412,7 +473,10 @@ impl Slots {
         let mut current = runs[0];
         for (i, next) in runs.into_iter().enumerate().skip(1) {
             if merge_after[i - 1] {
-                current.1 = next.1;
+                // The merged run ends where the later of the two does.
+                if next.1.end >= current.1.end {
+                    current.1 = next.1;
+                }
             } else {
                 self.runs.insert(current.0, current.1);
                 current = next;
@@ -560,5 +624,7 @@ impl Memo {
     }
 }
 
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;

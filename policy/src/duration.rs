@@ -1,8 +1,11 @@
 //! Kubernetes-style duration strings (`250ms`, `30s`, `1h30m`).
 //!
 //! The grammar is Go's `time.ParseDuration` restricted to the units that make sense for
-//! retry delays (`ms`, `s`, `m`, `h`), so the API server's CEL `duration()` and this parser
-//! read every accepted string the same way. Bounds and comparisons use nanoseconds, as CEL
+//! retry delays (`ms`, `s`, `m`, `h`) and to at most nine fraction digits per number, so
+//! the API server's CEL `duration()` and this parser read every accepted string the same
+//! way: Go computes a fraction in floating point, which for ten or more digits can land
+//! 1 ns off the exact value (`0.9999999999999999ms` is 1 ms to Go); up to nine it is exact
+//! (`policy/tests/go_duration.rs` compares the two on 200,000 strings). Bounds and comparisons use nanoseconds, as CEL
 //! does; delays are then used at millisecond precision (a fractional millisecond is
 //! truncated, which never changes the order of two durations).
 
@@ -12,7 +15,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The regular expression the CRD schema uses for every duration field.
-pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]{1,9})?(ms|s|m|h))+$";
+/// Most fraction digits in one number of a duration.
+pub const MAX_FRACTION_DIGITS: usize = 9;
 
 /// Smallest accepted duration in milliseconds.
 pub const MIN_DURATION_MS: u64 = 1;
@@ -33,7 +38,9 @@ pub struct KubeDuration {
 /// Why a duration string was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
-    #[error("must be a duration such as 250ms, 30s or 1h30m (units ms, s, m, h)")]
+    #[error(
+        "must be a duration such as 250ms, 30s or 1h30m (units ms, s, m, h; at most 9 fraction digits)"
+    )]
     Malformed,
     #[error("must be at least 1ms")]
     TooSmall,
@@ -118,7 +125,7 @@ fn parse_nanos(text: &str) -> Result<u64, DurationError> {
             while i < bytes.len() && bytes[i].is_ascii_digit() {
                 i += 1;
             }
-            if i == frac_start {
+            if i == frac_start || i - frac_start > MAX_FRACTION_DIGITS {
                 return Err(DurationError::Malformed);
             }
             frac_digits = &text[frac_start..i];
@@ -136,8 +143,7 @@ fn parse_nanos(text: &str) -> Result<u64, DurationError> {
             return Err(DurationError::Malformed);
         };
         i += unit_len;
-        // Go keeps nanoseconds; digits past the 18th cannot change a nanosecond here.
-        let frac = &frac_digits[..frac_digits.len().min(18)];
+        let frac = frac_digits;
         let frac_value: u128 = if frac.is_empty() {
             0
         } else {
@@ -258,7 +264,19 @@ mod tests {
     #[test]
     fn rejects_bad_durations() {
         for text in [
-            "", "10", "s", "-1s", "1d", "1 s", "1.s", "1us", "1ns", "1.5",
+            "",
+            "10",
+            "s",
+            "-1s",
+            "1d",
+            "1 s",
+            "1.s",
+            "1us",
+            "1ns",
+            "1.5",
+            // Ten fraction digits: Go would read this one as exactly 1s.
+            "0.9999999999s",
+            "0.9999999999999999ms",
         ] {
             assert_eq!(
                 KubeDuration::parse(text),
@@ -273,6 +291,10 @@ mod tests {
             Err(DurationError::TooLarge)
         );
         assert_eq!(KubeDuration::parse("1.5ms").map(|d| d.as_millis()), Ok(1));
+        assert_eq!(
+            KubeDuration::parse("1.000000001s").and_then(|d| d.check()),
+            Ok(1_000_000_001)
+        );
         assert_eq!(KubeDuration::parse("8761h"), Err(DurationError::TooLarge));
         assert_eq!(
             KubeDuration::parse("99999999999999999999h"),

@@ -187,7 +187,7 @@ fn policies_at_the_edges_of_every_bound_pass_both_validators() {
     let text = include_str!("fixtures/edge-valid-policies.yaml");
     let schema = crd_schema();
     let docs = parse_manifests(text).expect("YAML");
-    assert_eq!(docs.len(), 4);
+    assert_eq!(docs.len(), 5);
     for doc in docs {
         assert!(doc.result.is_ok(), "{:?}: {:?}", doc.name, doc.result.err());
     }

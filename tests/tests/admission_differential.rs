@@ -143,6 +143,7 @@ fn specs() -> Vec<Value> {
         ("1s", "0.999999999s"),
         ("60m", "1h"),
         ("1h0.000000001s", "1h"),
+        ("1s", "0.9999999999999999s"),
     ] {
         out.push(json!({"queues": ["q"], "backoff": {"base": base, "cap": cap}}));
         out.push(json!({"queues": ["q"], "backoff": {"strategy": "schedule", "schedule": [base], "cap": cap}}));

@@ -179,24 +179,26 @@ pub fn format_millis(millis: u64) -> String {
 /// Renders milliseconds for people, to about three significant figures: `374ms`, `1.13s`,
 /// `3m45s`, `4h25m`. Not parseable back exactly; use [`format_millis`] for that.
 pub fn format_approx(millis: u64) -> String {
-    // Round first (half up, in integers), then pick the unit from the rounded value, so
-    // 59,999 ms reads `1m0s`, never `60.0s`, and 3,599,999 ms `1h0m`, never `60m0s`.
+    // Round first (half up, in integers, without an addition that could overflow near
+    // u64::MAX), then pick the unit from the rounded value, so 59,999 ms reads `1m0s`,
+    // never `60.0s`, and 3,599,999 ms `1h0m`, never `60m0s`.
+    let round = |unit: u64| millis / unit + u64::from(millis % unit >= unit / 2);
     if millis < 1_000 {
         return format!("{millis}ms");
     }
-    let centis = (millis + 5) / 10;
+    let centis = round(10);
     if centis < 1_000 {
         return format!("{}.{:02}s", centis / 100, centis % 100);
     }
-    let decis = (millis + 50) / 100;
+    let decis = round(100);
     if decis < 600 {
         return format!("{}.{}s", decis / 10, decis % 10);
     }
-    let secs = (millis + 500) / 1_000;
+    let secs = round(1_000);
     if secs < 3_600 {
         return format!("{}m{}s", secs / 60, secs % 60);
     }
-    let mins = (millis + 30_000) / 60_000;
+    let mins = round(60_000);
     format!("{}h{}m", mins / 60, mins % 60)
 }
 
@@ -334,5 +336,13 @@ mod tests {
         ] {
             assert_eq!(format_approx(millis), text, "{millis} ms");
         }
+    }
+
+    /// Rounding near the largest value neither overflows nor loses the carry.
+    #[test]
+    fn approximate_format_saturates_nothing_near_the_top() {
+        assert_eq!(format_approx(u64::MAX), "5124095576030h26m");
+        assert_eq!(format_approx(u64::MAX - 51_615), "5124095576030h25m");
+        assert_eq!(format_approx(u64::MAX - 4), "5124095576030h26m");
     }
 }

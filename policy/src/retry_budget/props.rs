@@ -1,8 +1,9 @@
 //! The book's invariants under random traffic (`proptest`, fixed seed, bounded cases):
 //! after every step no slot holds more than `burst`, no retry runs earlier than asked,
 //! runs stay sorted, disjoint and within the cap, and (in a debug build) nothing
-//! overflows. `PROPTEST_CASES=2000 cargo test -p rebound-policy --lib retry_budget::props`
-//! is the long run; `PROPTEST_RNG_SEED` picks another seed.
+//! overflows. `PROPTEST_CASES=5000 cargo test -p rebound-policy --lib retry_budget::props`
+//! is the long run (5,000 short sequences, 78 storms); `PROPTEST_RNG_SEED` picks another
+//! seed.
 
 use std::collections::HashMap;
 
@@ -43,11 +44,14 @@ fn ask(now_ms: u64) -> Ask<'static> {
 }
 
 /// The configuration every property here runs with: a fixed seed unless
-/// `PROPTEST_RNG_SEED` says otherwise, `cases` unless `PROPTEST_CASES` does.
-fn config(cases: u32) -> ProptestConfig {
+/// `PROPTEST_RNG_SEED` says otherwise, `cases` unless `PROPTEST_CASES` does (divided by
+/// `per`, for the properties whose cases are long storms).
+fn config(cases: u32, per: u64) -> ProptestConfig {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     ProptestConfig {
-        cases: env("PROPTEST_CASES").map_or(cases, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        cases: env("PROPTEST_CASES").map_or(cases, |n| {
+            u32::try_from((n / per).max(1)).unwrap_or(u32::MAX)
+        }),
         rng_seed: RngSeed::Fixed(env("PROPTEST_RNG_SEED").unwrap_or(0x5eed_b0d9)),
         failure_persistence: None,
         ..ProptestConfig::default()
@@ -187,7 +191,7 @@ fn run(c: &mut Checked, start: u64, steps: &[Step]) -> Result<(), TestCaseError>
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(config(256, 1))]
 
     #[test]
     fn small_books_hold_the_budget(
@@ -239,7 +243,7 @@ fn storm(c: &mut Checked, seed: u64, asks: usize, spread_ms: u64) -> Result<u32,
 }
 
 proptest! {
-    #![proptest_config(config(4))]
+    #![proptest_config(config(4, 64))]
 
     #[test]
     fn big_books_hold_the_budget(

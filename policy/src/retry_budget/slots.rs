@@ -62,7 +62,8 @@ impl Slots {
     }
 
     /// Runs within the cap, each non-empty and ending before the next starts, last-slot
-    /// fill within `1..=burst`.
+    /// fill within `1..=burst`, and a run whose last slot is full never touching the next
+    /// (with no slot of ours between, they are one run).
     pub(super) fn check(&self) -> Result<(), BookError> {
         let fail = |what: String| Err(BookError(what));
         if self.runs.len() > self.max_runs {
@@ -83,14 +84,19 @@ impl Slots {
                     run.fill, self.burst
                 ));
             }
-            if let Some(end) = prev_end
-                && start < end
-            {
-                return fail(format!(
-                    "run at {start} starts inside the one ending at {end}"
-                ));
+            if let Some((end, fill)) = prev_end {
+                if start < end {
+                    return fail(format!(
+                        "run at {start} starts inside the one ending at {end}"
+                    ));
+                }
+                if fill == self.burst && self.none_owned(end, start) {
+                    return fail(format!(
+                        "full run ending at {end} touches the run at {start}"
+                    ));
+                }
             }
-            prev_end = Some(run.end);
+            prev_end = Some((run.end, run.fill));
         }
         Ok(())
     }

@@ -217,7 +217,10 @@ async fn kubectl_rebound_explains_asks_and_simulates_from_the_cluster() -> Resul
         (key("broad", "pay*"), lost("exactMatchWins", "charge")),
         (key("catchall", "*"), lost("exactMatchWins", "charge")),
         (key("dup", "payments.ch*"), lost("exactMatchWins", "charge")),
-        (key("dup", "payments.ch**"), lost("exactMatchWins", "charge")),
+        (
+            key("dup", "payments.ch**"),
+            lost("exactMatchWins", "charge"),
+        ),
     ]);
     assert_eq!(outcomes(&v), want);
     assert_eq!(v["configMap"]["found"], true);

@@ -254,3 +254,52 @@ impl Slots {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book_of(runs: &[(u64, u64, u32)]) -> Slots {
+        let mut slots = Slots::new(2, 8);
+        for &(start, end, fill) in runs {
+            slots.runs.insert(start, Run { end, fill });
+        }
+        slots
+    }
+
+    /// The check the property tests rely on sees each kind of broken book.
+    #[test]
+    fn the_check_sees_every_broken_book() {
+        assert_eq!(book_of(&[(1, 3, 1), (5, 6, 2)]).check(), Ok(()));
+        for broken in [
+            vec![(10, 14, 2), (12, 13, 1)], // overlap: the book
+            vec![(1, 3, 2), (3, 4, 1)],     // a full run touching the next
+            vec![(5, 5, 1)],                // empty
+            vec![(5, 6, 0)],                // fill 0
+            vec![(5, 6, 3)],                // over burst
+        ] {
+            assert!(book_of(&broken).check().is_err(), "{broken:?}");
+        }
+        let mut over = book_of(&[]);
+        for k in 0..9 {
+            over.runs.insert(
+                k * 3,
+                Run {
+                    end: k * 3 + 1,
+                    fill: 1,
+                },
+            );
+        }
+        assert!(over.check().is_err(), "over the cap");
+    }
+
+    /// A run is forgotten once its last slot is in the past, not one slot later.
+    #[test]
+    fn runs_are_forgotten_as_soon_as_they_end() {
+        let mut slots = book_of(&[(1, 3, 1), (5, 6, 2)]);
+        slots.forget_before(5);
+        assert_eq!(slots.runs.keys().copied().collect::<Vec<_>>(), [5]);
+        slots.forget_before(6);
+        assert!(slots.runs.is_empty());
+    }
+}

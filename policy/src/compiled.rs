@@ -252,6 +252,8 @@ pub fn compile(namespace: &str, mut sources: Vec<PolicySource>) -> Compilation {
             // Equivalent patterns (`a-*`, `a-**`) are one pattern, so they conflict.
             let pattern = pattern::normalize(written).into_owned();
             match owner.get(&pattern) {
+                // The same pattern spelled twice in this policy (`a-*`, `a-**`): served once.
+                Some(winner) if *winner == source.name => {}
                 Some(winner) => lost.push(LostQueue {
                     pattern: written.clone(),
                     winner: winner.clone(),

@@ -1,8 +1,11 @@
 //! Kubernetes-style duration strings (`250ms`, `30s`, `1h30m`).
 //!
 //! The grammar is Go's `time.ParseDuration` restricted to the units that make sense for
-//! retry delays (`ms`, `s`, `m`, `h`), so the API server's CEL `duration()` and this parser
-//! read every accepted string the same way. Bounds and comparisons use nanoseconds, as CEL
+//! retry delays (`ms`, `s`, `m`, `h`) and to at most nine fraction digits per number, so
+//! the API server's CEL `duration()` and this parser read every accepted string the same
+//! way: Go computes a fraction in floating point, which for ten or more digits can land
+//! 1 ns off the exact value (`0.9999999999999999ms` is 1 ms to Go); up to nine it is exact
+//! (`policy/tests/go_duration.rs` compares the two on 200,000 strings). Bounds and comparisons use nanoseconds, as CEL
 //! does; delays are then used at millisecond precision (a fractional millisecond is
 //! truncated, which never changes the order of two durations).
 
@@ -12,7 +15,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The regular expression the CRD schema uses for every duration field.
-pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]{1,9})?(ms|s|m|h))+$";
+/// Most fraction digits in one number of a duration.
+pub const MAX_FRACTION_DIGITS: usize = 9;
 
 /// Smallest accepted duration in milliseconds.
 pub const MIN_DURATION_MS: u64 = 1;
@@ -33,7 +38,9 @@ pub struct KubeDuration {
 /// Why a duration string was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
-    #[error("must be a duration such as 250ms, 30s or 1h30m (units ms, s, m, h)")]
+    #[error(
+        "must be a duration such as 250ms, 30s or 1h30m (units ms, s, m, h; at most 9 fraction digits)"
+    )]
     Malformed,
     #[error("must be at least 1ms")]
     TooSmall,
@@ -118,7 +125,7 @@ fn parse_nanos(text: &str) -> Result<u64, DurationError> {
             while i < bytes.len() && bytes[i].is_ascii_digit() {
                 i += 1;
             }
-            if i == frac_start {
+            if i == frac_start || i - frac_start > MAX_FRACTION_DIGITS {
                 return Err(DurationError::Malformed);
             }
             frac_digits = &text[frac_start..i];
@@ -136,8 +143,7 @@ fn parse_nanos(text: &str) -> Result<u64, DurationError> {
             return Err(DurationError::Malformed);
         };
         i += unit_len;
-        // Go keeps nanoseconds; digits past the 18th cannot change a nanosecond here.
-        let frac = &frac_digits[..frac_digits.len().min(18)];
+        let frac = frac_digits;
         let frac_value: u128 = if frac.is_empty() {
             0
         } else {
@@ -173,24 +179,26 @@ pub fn format_millis(millis: u64) -> String {
 /// Renders milliseconds for people, to about three significant figures: `374ms`, `1.13s`,
 /// `3m45s`, `4h25m`. Not parseable back exactly; use [`format_millis`] for that.
 pub fn format_approx(millis: u64) -> String {
-    // Round first (half up, in integers), then pick the unit from the rounded value, so
-    // 59,999 ms reads `1m0s`, never `60.0s`, and 3,599,999 ms `1h0m`, never `60m0s`.
+    // Round first (half up, in integers, without an addition that could overflow near
+    // u64::MAX), then pick the unit from the rounded value, so 59,999 ms reads `1m0s`,
+    // never `60.0s`, and 3,599,999 ms `1h0m`, never `60m0s`.
+    let round = |unit: u64| millis / unit + u64::from(millis % unit >= unit / 2);
     if millis < 1_000 {
         return format!("{millis}ms");
     }
-    let centis = (millis + 5) / 10;
+    let centis = round(10);
     if centis < 1_000 {
         return format!("{}.{:02}s", centis / 100, centis % 100);
     }
-    let decis = (millis + 50) / 100;
+    let decis = round(100);
     if decis < 600 {
         return format!("{}.{}s", decis / 10, decis % 10);
     }
-    let secs = (millis + 500) / 1_000;
+    let secs = round(1_000);
     if secs < 3_600 {
         return format!("{}m{}s", secs / 60, secs % 60);
     }
-    let mins = (millis + 30_000) / 60_000;
+    let mins = round(60_000);
     format!("{}h{}m", mins / 60, mins % 60)
 }
 
@@ -258,7 +266,19 @@ mod tests {
     #[test]
     fn rejects_bad_durations() {
         for text in [
-            "", "10", "s", "-1s", "1d", "1 s", "1.s", "1us", "1ns", "1.5",
+            "",
+            "10",
+            "s",
+            "-1s",
+            "1d",
+            "1 s",
+            "1.s",
+            "1us",
+            "1ns",
+            "1.5",
+            // Ten fraction digits: Go would read this one as exactly 1s.
+            "0.9999999999s",
+            "0.9999999999999999ms",
         ] {
             assert_eq!(
                 KubeDuration::parse(text),
@@ -273,6 +293,10 @@ mod tests {
             Err(DurationError::TooLarge)
         );
         assert_eq!(KubeDuration::parse("1.5ms").map(|d| d.as_millis()), Ok(1));
+        assert_eq!(
+            KubeDuration::parse("1.000000001s").and_then(|d| d.check()),
+            Ok(1_000_000_001)
+        );
         assert_eq!(KubeDuration::parse("8761h"), Err(DurationError::TooLarge));
         assert_eq!(
             KubeDuration::parse("99999999999999999999h"),
@@ -312,5 +336,13 @@ mod tests {
         ] {
             assert_eq!(format_approx(millis), text, "{millis} ms");
         }
+    }
+
+    /// Rounding near the largest value neither overflows nor loses the carry.
+    #[test]
+    fn approximate_format_saturates_nothing_near_the_top() {
+        assert_eq!(format_approx(u64::MAX), "5124095576030h26m");
+        assert_eq!(format_approx(u64::MAX - 51_615), "5124095576030h25m");
+        assert_eq!(format_approx(u64::MAX - 4), "5124095576030h26m");
     }
 }

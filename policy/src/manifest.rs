@@ -165,6 +165,38 @@ fn unknown_schema_fields(schema: &Value, value: &Value, at: &str, out: &mut Vec<
     }
 }
 
+/// Required fields the value lacks, as API-server paths (`spec.retryBudget.ratePerSecond`),
+/// from the same schema: a missing field is reported where the API server reports it,
+/// not at the object that lacks it.
+fn missing_schema_fields(schema: &Value, value: &Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            let required = schema.get("required").and_then(Value::as_array);
+            for key in required.into_iter().flatten().filter_map(Value::as_str) {
+                if !map.contains_key(key) {
+                    out.push(format!("{at}.{key}"));
+                }
+            }
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                return;
+            };
+            for (key, item) in map {
+                if let Some(sub) = props.get(key) {
+                    missing_schema_fields(sub, item, &format!("{at}.{key}"), out);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    missing_schema_fields(item_schema, item, &format!("{at}[{i}]"), out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 fn field_error(field: impl Into<String>, message: impl Into<String>) -> Vec<FieldError> {
     vec![FieldError {
         field: field.into(),
@@ -196,6 +228,17 @@ fn check_document(v: Value) -> Result<(RetryPolicy, ResolvedPolicy), Vec<FieldEr
                 .map(|field| FieldError {
                     field,
                     message: "unknown field".to_owned(),
+                })
+                .collect());
+        }
+        let mut missing = Vec::new();
+        missing_schema_fields(&spec_schema(), spec, "spec", &mut missing);
+        if !missing.is_empty() {
+            return Err(missing
+                .into_iter()
+                .map(|field| FieldError {
+                    field,
+                    message: "required".to_owned(),
                 })
                 .collect());
         }

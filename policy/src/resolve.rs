@@ -504,8 +504,10 @@ fn check_list(errors: &mut Errors, field: &str, items: &[String], min: usize, ma
         if let Err(e) = check_pattern(item) {
             errors.push(&format!("{field}[{i}]"), format!("{e}: {item:?}"));
         }
-        // Equivalent patterns (`a*`, `a**`) are duplicates too.
-        if !seen.insert(crate::pattern::normalize(item)) {
+        // Exact repeats only, as the CRD's `x-kubernetes-list-type: set` compares them:
+        // equivalent spellings (`a*`, `a**`) are one pattern written twice, which the API
+        // server accepts and the compiler serves once, so they are accepted here too.
+        if !seen.insert(item.as_str()) {
             errors.push(
                 &format!("{field}[{i}]"),
                 format!("duplicate entry {item:?}"),

@@ -19,12 +19,13 @@
 //! fixed-capacity map evicting its oldest.
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{HashMap, VecDeque},
     hash::{BuildHasher, RandomState},
 };
 
 use serde::{Deserialize, Serialize};
 
+use self::slots::Slots;
 use crate::{
     decide::{Decision, GiveUpReason},
     limits,
@@ -115,6 +116,11 @@ pub struct Budgeted {
     pub repeat: bool,
 }
 
+/// A broken invariant of the slot book (a bug, never the caller's input).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("retry budget book broken: {0}")]
+pub struct BookError(pub(crate) String);
+
 /// One policy's slot book and memo.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -170,6 +176,12 @@ impl Scheduler {
 
     pub fn memo_len(&self) -> usize {
         self.memo.map.len()
+    }
+
+    /// Checks the book's invariants, in O(runs): for property tests and fuzzing, which
+    /// call it after every step.
+    pub fn check_book(&self) -> Result<(), BookError> {
+        self.slots.check()
     }
 
     /// Applies the budget to `decide`'s answer. Only `Retry` answers take a slot; give-ups
@@ -252,198 +264,6 @@ impl Scheduler {
             added_ms,
             stretched: added_ms > 0,
             repeat: false,
-        }
-    }
-}
-
-/// A run of booked slots `[start, end)`: every slot full except the last, which holds
-/// `fill` (1..=burst) retries. Runs never overlap; a run whose last slot is full never
-/// touches the next run (they are merged), so the slot after it is free.
-#[derive(Clone, Copy, Debug)]
-struct Run {
-    end: u64,
-    fill: u32,
-}
-
-/// With a share other than the whole, a run also covers the slots of other members between
-/// this member's booked ones (they are "not ours", which books the same as full), so a
-/// member's bookings still compress into runs.
-#[derive(Debug)]
-struct Slots {
-    burst: u32,
-    share: SlotShare,
-    max_runs: usize,
-    /// Keyed by the run's first slot.
-    runs: BTreeMap<u64, Run>,
-}
-
-impl Slots {
-    fn new(burst: u32, max_runs: usize) -> Self {
-        Self {
-            burst,
-            share: SlotShare::WHOLE,
-            max_runs,
-            runs: BTreeMap::new(),
-        }
-    }
-
-    /// Before a change of share: every slot from `from` (the first not forgotten) to the
-    /// end of the last run counts as full. The gaps between runs and before the first one
-    /// hold slots of other members under the old share, which may be booked.
-    fn seal(&mut self, from: u64) {
-        let Some(end) = self.runs.last_key_value().map(|(_, run)| run.end) else {
-            return;
-        };
-        let start = self
-            .runs
-            .first_key_value()
-            .map_or(from, |(start, _)| (*start).min(from));
-        self.runs.clear();
-        self.runs.insert(
-            start,
-            Run {
-                end,
-                fill: self.burst,
-            },
-        );
-    }
-
-    /// Whether `[from, to)` holds no slot this member owns.
-    fn none_owned(&self, from: u64, to: u64) -> bool {
-        self.share.next_owned(from) >= to
-    }
-
-    /// Forgets runs that ended before slot `now`.
-    fn forget_before(&mut self, now: u64) {
-        while let Some(entry) = self.runs.first_entry() {
-            if entry.get().end > now {
-                break;
-            }
-            entry.remove();
-        }
-    }
-
-    /// The first slot at or after `slot` that this member owns and has room.
-    fn find_free(&self, slot: u64) -> u64 {
-        let mut slot = self.share.next_owned(slot);
-        // Each turn moves past one run, so this ends within the number of runs.
-        while slot != u64::MAX {
-            match self.runs.range(..=slot).next_back() {
-                Some((_, run)) if slot < run.end => {
-                    // A partial last slot was booked under the current share: it is ours.
-                    if run.fill < self.burst {
-                        return run.end - 1;
-                    }
-                    slot = self.share.next_owned(run.end);
-                }
-                _ => return slot,
-            }
-        }
-        slot
-    }
-
-    /// Takes one place in `slot`, which [`Self::find_free`] returned.
-    fn book(&mut self, slot: u64) {
-        let burst = self.burst;
-        let prev = self.runs.range(..=slot).next_back().map(|(s, r)| (*s, *r));
-        let start = match prev {
-            // The partial last slot of a run.
-            Some((start, run)) if slot.saturating_add(1) == run.end && run.fill < burst => {
-                self.set(start, run.end, run.fill + 1);
-                start
-            }
-            // Right after a run whose last slot is full, with no slot of ours between: the
-            // run grows.
-            Some((start, run))
-                if slot >= run.end && run.fill == burst && self.none_owned(run.end, slot) =>
-            {
-                self.set(start, slot.saturating_add(1), 1);
-                start
-            }
-            _ if self.runs.len() < self.max_runs || self.compact() => {
-                self.set(slot, slot.saturating_add(1), 1);
-                slot
-            }
-            // Out of runs even after compacting (a cap of one run): the gap up to `slot`
-            // is counted as full (conservative).
-            Some((start, _)) => {
-                self.set(start, slot.saturating_add(1), 1);
-                start
-            }
-            // `slot` precedes every run: the first run now starts at `slot`, and the slots
-            // in between count as full.
-            None => {
-                let Some((first, run)) = self.runs.pop_first() else {
-                    return;
-                };
-                debug_assert!(first > slot);
-                self.runs.insert(slot, run);
-                slot
-            }
-        };
-        self.merge_after(start);
-    }
-
-    /// At the run cap: merges the runs separated by the smallest gaps until a quarter of
-    /// the cap is free, counting those gaps as full (conservative: it can only slow
-    /// retries down, by at most the merged gaps, the shortest there were). Runs once per
-    /// quarter of the cap new runs, so its O(n log n) is O(log n) per booking. False when
-    /// nothing can be merged.
-    fn compact(&mut self) -> bool {
-        let target = (self.max_runs - self.max_runs / 4).min(self.max_runs - 1);
-        if target == 0 || self.runs.len() < 2 {
-            return false;
-        }
-        let runs: Vec<(u64, Run)> = self.runs.iter().map(|(s, r)| (*s, *r)).collect();
-        let merges = runs.len() - target;
-        // Gap i lies between run i and run i + 1; merge the `merges` smallest (ties by
-        // position, so the result is a function of the book alone).
-        let mut gaps: Vec<(u64, usize)> = runs
-            .windows(2)
-            .enumerate()
-            .map(|(i, w)| (w[1].0 - w[0].1.end, i))
-            .collect();
-        gaps.select_nth_unstable(merges - 1);
-        let mut merge_after = vec![false; runs.len()];
-        for &(_, i) in &gaps[..merges] {
-            merge_after[i] = true;
-        }
-        self.runs.clear();
-        let mut current = runs[0];
-        for (i, next) in runs.into_iter().enumerate().skip(1) {
-            if merge_after[i - 1] {
-                current.1 = next.1;
-            } else {
-                self.runs.insert(current.0, current.1);
-                current = next;
-            }
-        }
-        self.runs.insert(current.0, current.1);
-        self.runs.len() < self.max_runs
-    }
-
-    fn set(&mut self, start: u64, end: u64, fill: u32) {
-        self.runs.insert(start, Run { end, fill });
-    }
-
-    /// Joins the run at `start` with the next one when its last slot is full and they touch.
-    fn merge_after(&mut self, start: u64) {
-        let Some(run) = self.runs.get(&start).copied() else {
-            return;
-        };
-        if run.fill < self.burst {
-            return;
-        }
-        let Some((&next_start, _)) = self.runs.range(run.end..).next() else {
-            return;
-        };
-        if !self.none_owned(run.end, next_start) {
-            return;
-        }
-        if let Some(next) = self.runs.remove(&next_start)
-            && let Some(r) = self.runs.get_mut(&start)
-        {
-            *r = next;
         }
     }
 }
@@ -560,5 +380,9 @@ impl Memo {
     }
 }
 
+mod slots;
+
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;

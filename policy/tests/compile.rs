@@ -279,11 +279,19 @@ fn equivalent_patterns_conflict() {
             }],
         })
     );
-    // Within one policy they are duplicates.
-    let mut spec = source("x", 1, "a*").spec;
-    spec.queues = vec!["a*".into(), "a**".into()];
-    let errors = rebound_policy::resolve(&spec).expect_err("duplicate");
-    assert_eq!(errors[0].field, "spec.queues[1]");
+    // Within one policy they are one pattern written twice, as the API server accepts
+    // them: valid, served once, lost to nobody.
+    let mut one = source("x", 1, "a*");
+    one.spec.queues = vec!["a*".into(), "a**".into()];
+    let compilation = compile("ns", vec![one]);
+    assert_eq!(
+        compilation.outcome("x"),
+        Some(&PolicyOutcome::Compiled {
+            serving: vec!["a*".to_owned()],
+            lost: vec![],
+        })
+    );
+    assert_eq!(compilation.document.policies[0].queues, ["a*"]);
 }
 
 /// A retry budget travels in the compiled document as `retryBudget` with its default

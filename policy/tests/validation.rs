@@ -187,7 +187,7 @@ fn policies_at_the_edges_of_every_bound_pass_both_validators() {
     let text = include_str!("fixtures/edge-valid-policies.yaml");
     let schema = crd_schema();
     let docs = parse_manifests(text).expect("YAML");
-    assert_eq!(docs.len(), 4);
+    assert_eq!(docs.len(), 5);
     for doc in docs {
         assert!(doc.result.is_ok(), "{:?}: {:?}", doc.name, doc.result.err());
     }
@@ -370,4 +370,29 @@ fn long_names_the_api_server_accepts_are_accepted() {
             .collect();
         assert_eq!(fields, ["metadata.name"], "{name}");
     }
+}
+
+/// A missing required field is named where the API server names it, not at its parent.
+#[test]
+fn missing_required_fields_are_named_themselves() {
+    let text = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: a}\nspec: {queues: [q], retryBudget: {burst: 1}, terminal: {deadLetterQueue: d}}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: b}\nspec: {maxAttempts: 3}\n";
+    let docs = parse_manifests(text).expect("YAML");
+    let fields: Vec<Vec<String>> = docs
+        .into_iter()
+        .map(|d| {
+            d.result
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e.field)
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            vec!["spec.retryBudget.ratePerSecond", "spec.terminal.action"],
+            vec!["spec.queues"]
+        ]
+    );
 }

@@ -8,6 +8,8 @@ mod compiled_document;
 mod manifests;
 #[path = "../fuzz/targets/request_handling.rs"]
 mod request_handling;
+#[path = "../fuzz/targets/retry_budget.rs"]
+mod retry_budget;
 
 use std::path::Path;
 
@@ -39,6 +41,7 @@ fn every_fuzz_target_replays_its_seeds() {
         ("compiled_document", compiled_document::run as fn(&[u8])),
         ("manifests", manifests::run),
         ("request_handling", request_handling::run),
+        ("retry_budget", retry_budget::run),
     ] {
         assert!(replay(name, target) > 0, "{name} has no seeds");
     }

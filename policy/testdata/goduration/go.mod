@@ -1,0 +1,3 @@
+module rebound.dev/goduration
+
+go 1.22

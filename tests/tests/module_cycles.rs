@@ -82,3 +82,36 @@ fn no_client_has_a_module_cycle() -> Result<()> {
     );
     Ok(())
 }
+
+/// One module convention in every crate: `name.rs` beside `name/` (the Rust 2018 form the
+/// Rust reference recommends), never `name/mod.rs`. (A `tests/common/mod.rs` is Cargo's
+/// idiom for code shared by integration tests and is not under `src/`.)
+#[test]
+fn no_crate_uses_mod_rs() -> Result<()> {
+    fn find(dir: &std::path::Path, found: &mut Vec<String>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                find(&path, found)?;
+            } else if path.file_name().is_some_and(|n| n == "mod.rs") {
+                found.push(
+                    path.strip_prefix(repo_root())
+                        .unwrap_or(&path)
+                        .display()
+                        .to_string(),
+                );
+            }
+        }
+        Ok(())
+    }
+    let mut found = Vec::new();
+    for member in workspace_members()? {
+        find(&repo_root().join(&member).join("src"), &mut found)?;
+    }
+    assert!(
+        found.is_empty(),
+        "name/mod.rs files (move each to name.rs beside name/):\n  {}",
+        found.join("\n  ")
+    );
+    Ok(())
+}

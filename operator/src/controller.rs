@@ -1,6 +1,7 @@
-//! Wiring: watch caches for RetryPolicies, ConfigMaps and sidecar Leases, a trigger stream
-//! keyed by namespace, and kube-runtime's `applier` (the engine behind `Controller`) to run
-//! the reconciles. A tick re-evaluates Lease liveness, since an expiry is no event.
+//! Wiring: watch caches for RetryPolicies and ConfigMaps, a count of live sidecars from
+//! their Leases, a trigger stream keyed by namespace, and kube-runtime's `applier` (the
+//! engine behind `Controller`) to run the reconciles. A tick re-evaluates Lease liveness,
+//! since an expiry is no event.
 //!
 //! The reconcile key is a namespace because the output (one ConfigMap) is per namespace. The
 //! applier needs a cache holding its keys, so it gets a small local `Store<Namespace>` that

@@ -27,8 +27,8 @@ pub const CONFIGMAP_LABEL: &str = "rebound.dev/configmap";
 /// How often liveness is evaluated again: an expired Lease is counted out within this.
 pub const TICK: Duration = Duration::from_secs(1);
 
-/// Keeps only what counting needs (name, namespace, labels, holder, renewal), so a cache
-/// of many Leases stays small.
+/// Keeps only what counting needs (name, namespace, labels, holder, renewal): the rest of
+/// a Lease is dropped as it arrives.
 pub fn slim_lease(lease: &mut Lease) {
     let meta = &mut lease.metadata;
     meta.managed_fields = None;

@@ -6,10 +6,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
-use kube::runtime::reflector::Store;
 use rebound_policy::spec::ScheduleSummary;
 
 use crate::cache::Cache;
@@ -26,8 +22,8 @@ use crate::{Flags, backoff::Requeue};
 pub struct Stores {
     pub policies: Vec<Cache<PolicyView>>,
     pub configmaps: Vec<Cache<ConfigMapView>>,
-    /// Sidecar Leases (label selector [`crate::fleet::SELECTOR`]).
-    pub leases: Vec<Store<Lease>>,
+    /// Live sidecars per namespace, from the sidecar Lease watch.
+    pub sidecars: crate::fleet::Counts,
 }
 
 impl Stores {
@@ -38,17 +34,9 @@ impl Stores {
             .collect()
     }
 
-    /// Live sidecars serving `configmap` in `namespace`, at `now`.
-    pub(crate) fn sidecars_in(&self, namespace: &str, configmap: &str, now: Timestamp) -> u32 {
-        let leases: Vec<Arc<Lease>> = self
-            .leases
-            .iter()
-            .flat_map(|s| s.state_filter(|l| l.namespace().as_deref() == Some(namespace)))
-            .collect();
-        crate::fleet::count(leases.iter().map(|l| l.as_ref()), configmap, now)
-            .get(namespace)
-            .copied()
-            .unwrap_or(0)
+    /// Live sidecars serving the operator's ConfigMap in `namespace`.
+    pub(crate) fn sidecars_in(&self, namespace: &str) -> u32 {
+        self.sidecars.get(namespace)
     }
 
     pub(crate) fn configmap(&self, namespace: &str, name: &str) -> Option<ConfigMapView> {

@@ -1,6 +1,7 @@
-//! Wiring: watch caches for RetryPolicies, ConfigMaps and sidecar Leases, a trigger stream
-//! keyed by namespace, and kube-runtime's `applier` (the engine behind `Controller`) to run
-//! the reconciles. A tick re-evaluates Lease liveness, since an expiry is no event.
+//! Wiring: watch caches for RetryPolicies and ConfigMaps, a count of live sidecars from
+//! their Leases, a trigger stream keyed by namespace, and kube-runtime's `applier` (the
+//! engine behind `Controller`) to run the reconciles. A tick re-evaluates Lease liveness,
+//! since an expiry is no event.
 //!
 //! The reconcile key is a namespace because the output (one ConfigMap) is per namespace. The
 //! applier needs a cache holding its keys, so it gets a small local `Store<Namespace>` that
@@ -20,7 +21,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest, applier};
 use kube::runtime::reflector::{ObjectRef, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tracing::{debug, info, warn};
 
 use crate::Flags;
@@ -144,8 +145,6 @@ pub async fn run(
             Some(ns) => Api::namespaced(client.clone(), ns),
         };
         let mut lenient = fleet::Lenient::default();
-        let writer = Writer::new(());
-        stores.leases.push(writer.as_reader());
         let scope_name = scope.clone();
         streams.push(
             watcher(
@@ -156,7 +155,6 @@ pub async fn run(
             )
             .with_watch_backoff(watch_backoff(&format!("leases/{stream}")))
             .map_ok(move |e| lenient.typed(e).modify(fleet::slim_lease))
-            .reflect(writer)
             .map(move |r| match r {
                 Ok(event) => Incoming::Lease {
                     stream,
@@ -189,7 +187,7 @@ pub async fn run(
         keys: HashSet::new(),
         failing: false,
         metrics: metrics.clone(),
-        membership: Membership::new(&flags.configmap_name),
+        membership: Membership::new(&flags.configmap_name, stores.sidecars.clone()),
     };
     let queue = futures::stream::select_all(streams)
         .flat_map(move |incoming| {
@@ -278,16 +276,17 @@ impl Router {
                 if matches!(event, watcher::Event::InitDone) {
                     self.synced.insert((Kind::Lease, stream));
                 }
-                let now = k8s_openapi::jiff::Timestamp::now();
+                let now = std::time::Instant::now();
                 let touched = self.membership.event(stream, scope.as_deref(), &event, now);
                 (touched, "sidecars changed")
             }
-            Incoming::Tick => {
-                let now = k8s_openapi::jiff::Timestamp::now();
-                (self.membership.tick(now), "a sidecar Lease expired")
-            }
+            Incoming::Tick => (
+                self.membership.tick(std::time::Instant::now()),
+                "a sidecar Lease expired",
+            ),
             Incoming::Error(e) => {
                 self.metrics.watch_error();
+                self.membership.watch_failed();
                 let code = crate::error::watch_status_code(&e);
                 if std::mem::replace(&mut self.failing, true) {
                     debug!(error = %e, code, "watch failed again; retrying with backoff");

@@ -3,18 +3,22 @@
 //! Every sidecar in watch mode holds a Lease `rebound-sidecar-<pod>` in its namespace,
 //! labelled with the ConfigMap it serves; the live ones are the members a budget is split
 //! among (docs/sidecar.md). The operator only counts them, for the status summary: a
-//! Lease is live while `renewTime + leaseDurationSeconds` is in the future, so an expired
-//! one stops counting without any event, which is why the controller also looks again on
-//! a timer ([`TICK`]).
+//! Lease is live for `leaseDurationSeconds` after the operator saw it change
+//! ([`Membership`]), so an expired one stops counting without any event, which is why the
+//! controller also looks again on a timer ([`TICK`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use rebound_policy::spec::ScheduleSummary;
+
+mod lenient;
+pub use lenient::{Lenient, RawLease};
 
 /// The label selector of the operator's Lease watch: sidecar Leases only.
 pub const SELECTOR: &str = "app.kubernetes.io/name=rebound,app.kubernetes.io/component=sidecar";
@@ -23,185 +27,57 @@ pub const CONFIGMAP_LABEL: &str = "rebound.dev/configmap";
 /// How often liveness is evaluated again: an expired Lease is counted out within this.
 pub const TICK: Duration = Duration::from_secs(1);
 
-/// A sidecar Lease as the watch reads it: the API server stores Leases no typed client can
-/// hold (a `renewTime` or a `managedFields` time in year 9999), and one such Lease must not
-/// fail the list. So the metadata counting needs is taken field by field, the spec kept
-/// untyped for [`Lenient`].
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct RawLease {
-    pub metadata: kube::api::ObjectMeta,
-    pub spec: serde_json::Value,
-}
-
-impl<'de> serde::Deserialize<'de> for RawLease {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(serde::Deserialize)]
-        struct Raw {
-            #[serde(default)]
-            metadata: serde_json::Value,
-            #[serde(default)]
-            spec: serde_json::Value,
-        }
-        let raw = Raw::deserialize(deserializer)?;
-        let text = |field: &str| raw.metadata.get(field)?.as_str().map(str::to_owned);
-        let labels = raw
-            .metadata
-            .get("labels")
-            .and_then(|l| serde_json::from_value(l.clone()).ok());
-        Ok(RawLease {
-            metadata: kube::api::ObjectMeta {
-                name: text("name"),
-                namespace: text("namespace"),
-                resource_version: text("resourceVersion"),
-                uid: text("uid"),
-                labels,
-                ..kube::api::ObjectMeta::default()
-            },
-            spec: raw.spec,
-        })
-    }
-}
-
-impl kube::Resource for RawLease {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        "Lease".into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        "coordination.k8s.io".into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "leases".into()
-    }
-    fn meta(&self) -> &kube::api::ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-/// Turns the untyped Lease watch into typed events. A Lease that does not deserialize
-/// keeps its metadata and the spec fields that do; a field that does not is dropped (a
-/// Lease without `renewTime` counts as no member) with one warning per Lease, naming it.
-#[derive(Default)]
-pub struct Lenient {
-    warned: HashSet<(String, String)>,
-}
-
-impl Lenient {
-    pub fn typed(&mut self, event: Event<RawLease>) -> Event<Lease> {
-        match event {
-            Event::Init => Event::Init,
-            Event::InitDone => Event::InitDone,
-            Event::InitApply(o) => Event::InitApply(self.lease(o)),
-            Event::Apply(o) => Event::Apply(self.lease(o)),
-            Event::Delete(o) => {
-                let key = (o.namespace().unwrap_or_default(), o.name_any());
-                self.warned.remove(&key);
-                Event::Delete(self.lease(o))
-            }
-        }
-    }
-
-    fn lease(&mut self, mut object: RawLease) -> Lease {
-        let spec = std::mem::take(&mut object.spec);
-        let parsed = serde_json::from_value::<LeaseSpec>(spec.clone());
-        let spec = match parsed {
-            Ok(spec) => spec,
-            Err(error) => {
-                let key = (object.namespace().unwrap_or_default(), object.name_any());
-                if self.warned.insert(key.clone()) {
-                    tracing::warn!(
-                        namespace = %key.0,
-                        lease = %key.1,
-                        %error,
-                        "skipping the fields of a sidecar Lease that cannot be read"
-                    );
-                }
-                lenient_spec(&spec)
-            }
-        };
-        Lease {
-            metadata: object.metadata,
-            spec: Some(spec),
-        }
-    }
-}
-
-/// The fields of `spec` that deserialize one by one.
-fn lenient_spec(spec: &serde_json::Value) -> LeaseSpec {
-    let field = |name: &str| -> serde_json::Value {
-        let mut one = serde_json::Map::new();
-        if let Some(v) = spec.get(name) {
-            one.insert(name.to_owned(), v.clone());
-        }
-        serde_json::Value::Object(one)
-    };
-    let part = |name: &str| serde_json::from_value::<LeaseSpec>(field(name)).unwrap_or_default();
-    LeaseSpec {
-        holder_identity: part("holderIdentity").holder_identity,
-        lease_duration_seconds: part("leaseDurationSeconds").lease_duration_seconds,
-        renew_time: part("renewTime").renew_time,
-        acquire_time: part("acquireTime").acquire_time,
-        ..LeaseSpec::default()
-    }
-}
-
-/// Keeps only what counting needs (name, namespace, labels, renewal), so a cache of many
-/// Leases stays small.
+/// Keeps only what counting needs (name, namespace, labels, holder, renewal): the rest of
+/// a Lease is dropped as it arrives.
 pub fn slim_lease(lease: &mut Lease) {
     let meta = &mut lease.metadata;
     meta.managed_fields = None;
     meta.annotations = None;
     meta.owner_references = None;
     if let Some(spec) = lease.spec.as_mut() {
-        spec.holder_identity = None;
         spec.acquire_time = None;
         spec.preferred_holder = None;
         spec.strategy = None;
     }
 }
 
-/// When `lease` stops being live (`renewTime + leaseDurationSeconds`), if it serves
-/// `configmap`; `None` when it serves another or was never renewed.
-pub fn expiry(lease: &Lease, configmap: &str) -> Option<Timestamp> {
+/// The longest `leaseDurationSeconds` taken from a Lease, as the sidecar's
+/// `MAX_LEASE_SECONDS` and the admission policy: a longer one is no member, so no Lease
+/// stays counted for long after it stops renewing.
+pub const MAX_LEASE_SECONDS: i32 = 3600;
+
+/// What liveness reads from a sidecar Lease; compared only for change, never with a clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// `holderIdentity`; empty when released.
+    pub holder: String,
+    /// `renewTime` as written by the sidecar's clock.
+    pub renewed: Option<Timestamp>,
+    /// `leaseDurationSeconds`.
+    pub duration: Duration,
+}
+
+impl Record {
+    /// Held (not released) and renewed at least once.
+    fn holds(&self) -> bool {
+        !self.holder.is_empty() && self.renewed.is_some()
+    }
+}
+
+/// The record of `lease` if it serves `configmap` with a duration in range.
+pub fn record(lease: &Lease, configmap: &str) -> Option<Record> {
     if lease.labels().get(CONFIGMAP_LABEL).map(String::as_str) != Some(configmap) {
         return None;
     }
     let spec = lease.spec.as_ref()?;
-    let renewed = spec.renew_time.as_ref()?.0;
-    let seconds = spec.lease_duration_seconds?;
-    renewed
-        .checked_add(SignedDuration::from_secs(i64::from(seconds)))
-        .ok()
-}
-
-/// Whether `lease` is live at `now` and serves `configmap`.
-pub fn is_member(lease: &Lease, configmap: &str, now: Timestamp) -> bool {
-    expiry(lease, configmap).is_some_and(|expires| expires > now)
-}
-
-/// Live sidecars serving `configmap`, per namespace.
-pub fn count<'a>(
-    leases: impl IntoIterator<Item = &'a Lease>,
-    configmap: &str,
-    now: Timestamp,
-) -> BTreeMap<String, u32> {
-    let mut counts = BTreeMap::new();
-    for lease in leases {
-        if is_member(lease, configmap, now)
-            && let Some(ns) = lease.namespace()
-        {
-            *counts.entry(ns).or_insert(0) += 1;
-        }
-    }
-    counts
+    let seconds = spec
+        .lease_duration_seconds
+        .filter(|s| (1..=MAX_LEASE_SECONDS).contains(s))?;
+    Some(Record {
+        holder: spec.holder_identity.clone().unwrap_or_default(),
+        renewed: spec.renew_time.as_ref().map(|t| t.0),
+        duration: Duration::from_secs(u64::from(seconds.unsigned_abs())),
+    })
 }
 
 /// The budget as the fleet sees it: `500/s, burst 50 (100ms slots) for 6 sidecars`, or
@@ -226,37 +102,90 @@ pub fn shared_summary(summary: &ScheduleSummary, sidecars: u32) -> ScheduleSumma
     }
 }
 
-/// Expiry per Lease name, per namespace.
-type Expiries = HashMap<String, HashMap<String, Timestamp>>;
+/// The live sidecars per namespace as [`Membership`] last counted them, for reconciles to
+/// read: the one count that triggers them is the one they show.
+#[derive(Clone, Debug, Default)]
+pub struct Counts(Arc<Mutex<HashMap<String, u32>>>);
 
-/// Which namespaces' sidecar counts changed, from Lease events and ticks. It keeps the
-/// expiry of every Lease serving the ConfigMap by namespace, so an event costs its
-/// namespace and a tick one pass over the expiries. Renewals change no count and trigger
-/// nothing: a fleet at rest costs no reconcile.
+impl Counts {
+    /// Live sidecars in `namespace` (0 when none).
+    pub fn get(&self, namespace: &str) -> u32 {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(namespace).copied().unwrap_or(0)
+    }
+
+    fn set(&self, namespace: &str, n: u32) {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if n == 0 {
+            counts.remove(namespace);
+        } else {
+            counts.insert(namespace.to_owned(), n);
+        }
+    }
+}
+
+/// A record and when the operator last saw it change (local monotonic time).
+#[derive(Clone, Debug)]
+struct Seen {
+    record: Record,
+    changed: Instant,
+}
+
+impl Seen {
+    fn live(&self, now: Instant) -> bool {
+        self.record.holds() && self.changed + self.record.duration > now
+    }
+}
+
+/// Seen records per Lease name, per namespace.
+type Observed = HashMap<String, HashMap<String, Seen>>;
+/// Records of a re-list in progress, per namespace.
+type Listed = HashMap<String, HashMap<String, Record>>;
+
+/// Which namespaces' sidecar counts changed, from Lease events and ticks.
+///
+/// Liveness follows Kubernetes' leader election, as the sidecars judge each other
+/// (`sidecar/src/fleet/membership.rs`, `Observed`): a Lease is live for
+/// `leaseDurationSeconds` after the operator last *saw its record change* (holder,
+/// renewal or duration), on the local monotonic clock; a released or deleted Lease is out
+/// at once. A remote `renewTime` is never compared with the local clock, so a sidecar on a
+/// node whose clock is off by any amount counts exactly while it renews. An expiry is no
+/// event: [`TICK`] looks again. Renewals change no count and trigger nothing: a fleet at
+/// rest costs no reconcile.
 #[derive(Default)]
 pub struct Membership {
     configmap: String,
-    expiries: Expiries,
+    seen: Observed,
     /// Re-list in progress, per watch stream.
-    relisting: HashMap<usize, Expiries>,
-    last: HashMap<String, u32>,
+    relisting: HashMap<usize, Listed>,
+    /// A watch failed since the last re-list: renewals made meanwhile were not seen.
+    blind: bool,
+    counts: Counts,
 }
 
 impl Membership {
-    pub fn new(configmap: &str) -> Self {
+    /// Counts the sidecars serving `configmap` into `counts`.
+    pub fn new(configmap: &str, counts: Counts) -> Self {
         Membership {
             configmap: configmap.to_owned(),
+            counts,
             ..Membership::default()
         }
     }
 
-    /// A Lease event of watch stream `stream`, which covers `scope` (`None`: all).
+    /// A watch failed: the next re-list judges every Lease it lists from its own time, as
+    /// seen for the first time (sidecars could not renew through an outage either).
+    pub fn watch_failed(&mut self) {
+        self.blind = true;
+    }
+
+    /// A Lease event of watch stream `stream`, which covers `scope` (`None`: all), at `now`.
     pub fn event(
         &mut self,
         stream: usize,
         scope: Option<&str>,
         event: &Event<Lease>,
-        now: Timestamp,
+        now: Instant,
     ) -> Vec<String> {
         match event {
             Event::Apply(lease) | Event::Delete(lease) => {
@@ -264,37 +193,58 @@ impl Membership {
                 else {
                     return Vec::new();
                 };
-                let expires = match event {
+                let record = match event {
                     Event::Delete(_) => None,
-                    _ => expiry(lease, &self.configmap),
+                    _ => record(lease, &self.configmap),
                 };
-                let leases = self.expiries.entry(ns.clone()).or_default();
-                match expires {
-                    Some(at) => leases.insert(name, at),
-                    None => leases.remove(&name),
-                };
+                let leases = self.seen.entry(ns.clone()).or_default();
+                match record {
+                    Some(record) => {
+                        let changed = match leases.remove(&name) {
+                            Some(old) if old.record == record => old.changed,
+                            _ => now,
+                        };
+                        leases.insert(name, Seen { record, changed });
+                    }
+                    None => {
+                        leases.remove(&name);
+                    }
+                }
                 self.changed(now, Some(&ns))
             }
             Event::Init => {
-                self.relisting.insert(stream, Expiries::new());
+                self.relisting.insert(stream, Listed::new());
                 Vec::new()
             }
             Event::InitApply(lease) => {
-                if let (Some(ns), Some(name), Some(at)) = (
+                if let (Some(ns), Some(name), Some(record)) = (
                     lease.namespace(),
                     lease.metadata.name.clone(),
-                    expiry(lease, &self.configmap),
+                    record(lease, &self.configmap),
                 ) {
-                    let fresh = self.relisting.entry(stream).or_default();
-                    fresh.entry(ns).or_default().insert(name, at);
+                    let listed = self.relisting.entry(stream).or_default();
+                    listed.entry(ns).or_default().insert(name, record);
                 }
                 Vec::new()
             }
             Event::InitDone => {
-                let fresh = self.relisting.remove(&stream).unwrap_or_default();
-                self.expiries
-                    .retain(|ns, _| scope.is_some_and(|s| s != ns.as_str()));
-                self.expiries.extend(fresh);
+                let listed = self.relisting.remove(&stream).unwrap_or_default();
+                let blind = std::mem::take(&mut self.blind);
+                let mut old = std::mem::take(&mut self.seen);
+                self.seen = old
+                    .extract_if(|ns, _| scope.is_some_and(|s| s != ns.as_str()))
+                    .collect();
+                for (ns, leases) in listed {
+                    let mut before = old.remove(&ns).unwrap_or_default();
+                    let seen = leases.into_iter().map(|(name, record)| {
+                        let changed = match before.remove(&name) {
+                            Some(s) if s.record == record && !blind => s.changed,
+                            _ => now,
+                        };
+                        (name, Seen { record, changed })
+                    });
+                    self.seen.entry(ns).or_default().extend(seen);
+                }
                 self.changed(now, None)
             }
         }
@@ -302,36 +252,31 @@ impl Membership {
 
     /// The namespaces whose count changed since the last look, at `now` (an expiry is no
     /// event).
-    pub fn tick(&mut self, now: Timestamp) -> Vec<String> {
+    pub fn tick(&mut self, now: Instant) -> Vec<String> {
         self.changed(now, None)
     }
 
-    /// Compares the counts of `scope` (`None`: every namespace) with the last ones seen.
-    fn changed(&mut self, now: Timestamp, scope: Option<&str>) -> Vec<String> {
+    /// Compares the counts of `scope` (`None`: every namespace) with the last ones.
+    fn changed(&mut self, now: Instant, scope: Option<&str>) -> Vec<String> {
         let in_scope = |ns: &str| scope.is_none_or(|s| s == ns);
-        self.expiries.retain(|_, leases| !leases.is_empty());
+        self.seen.retain(|_, leases| !leases.is_empty());
         let mut changed = Vec::new();
-        for (ns, leases) in self.expiries.iter().filter(|(ns, _)| in_scope(ns)) {
-            let n = leases.values().filter(|at| **at > now).count() as u32;
-            if n != self.last.get(ns).copied().unwrap_or(0) {
+        for (ns, leases) in self.seen.iter().filter(|(ns, _)| in_scope(ns)) {
+            let n = leases.values().filter(|s| s.live(now)).count() as u32;
+            if n != self.counts.get(ns) {
+                changed.push(ns.clone());
+                self.counts.set(ns, n);
+            }
+        }
+        let mut counts = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.retain(|ns, _| {
+            let gone = in_scope(ns) && !self.seen.contains_key(ns);
+            if gone {
                 changed.push(ns.clone());
             }
-            if n == 0 {
-                self.last.remove(ns);
-            } else {
-                self.last.insert(ns.clone(), n);
-            }
-        }
-        let gone: Vec<String> = self
-            .last
-            .keys()
-            .filter(|ns| in_scope(ns) && !self.expiries.contains_key(*ns))
-            .cloned()
-            .collect();
-        for ns in gone {
-            self.last.remove(&ns);
-            changed.push(ns);
-        }
+            !gone
+        });
+        drop(counts);
         changed.sort();
         changed
     }
@@ -339,14 +284,14 @@ impl Membership {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-    fn at(second: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + second).expect("time")
-    }
-
+    /// A sidecar Lease stamped `renewed` seconds from an arbitrary remote epoch: only its
+    /// changes matter.
     fn lease(ns: &str, pod: &str, configmap: &str, renewed: i64, seconds: i32) -> Lease {
         let mut l = Lease::default();
         l.metadata.name = Some(format!("rebound-sidecar-{pod}"));
@@ -356,41 +301,42 @@ mod tests {
             configmap.to_owned(),
         )]));
         l.spec = Some(LeaseSpec {
-            renew_time: Some(MicroTime(at(renewed))),
+            holder_identity: Some(pod.to_owned()),
+            renew_time: Timestamp::from_second(1_800_000_000 + renewed)
+                .ok()
+                .map(MicroTime),
             lease_duration_seconds: Some(seconds),
             ..LeaseSpec::default()
         });
         l
     }
 
-    #[test]
-    fn live_means_renewed_within_its_duration() {
-        let l = lease("a", "p", "cm", 0, 15);
-        assert!(is_member(&l, "cm", at(14)));
-        assert!(
-            !is_member(&l, "cm", at(15)),
-            "expires at renewTime + duration"
-        );
-        assert!(!is_member(&l, "other", at(1)), "serves another ConfigMap");
-        let mut never = l.clone();
-        never.spec = Some(LeaseSpec::default());
-        assert!(!is_member(&never, "cm", at(1)));
+    fn clock() -> impl Fn(u64) -> Instant {
+        let t0 = Instant::now();
+        move |s| t0 + Duration::from_secs(s)
+    }
+
+    fn apply(m: &mut Membership, l: Lease, now: Instant) -> Vec<String> {
+        m.event(0, None, &Event::Apply(l), now)
     }
 
     #[test]
-    fn counts_per_namespace() {
-        let leases = [
-            lease("a", "1", "cm", 0, 15),
-            lease("a", "2", "cm", 0, 15),
-            lease("a", "3", "cm", -20, 15),
-            lease("b", "1", "cm", 0, 15),
-            lease("b", "2", "x", 0, 15),
-        ];
-        let counts = count(&leases, "cm", at(1));
-        assert_eq!(
-            counts,
-            BTreeMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)])
-        );
+    fn records_need_the_configmap_and_a_duration_in_range() {
+        let l = lease("a", "p", "cm", 0, 15);
+        let r = record(&l, "cm").expect("record");
+        assert!(r.holds());
+        assert_eq!(r.duration, Duration::from_secs(15));
+        assert_eq!(record(&l, "other"), None, "serves another ConfigMap");
+        for seconds in [0, -1, MAX_LEASE_SECONDS + 1] {
+            assert_eq!(record(&lease("a", "p", "cm", 0, seconds), "cm"), None);
+        }
+        let mut never = l.clone();
+        never.spec = Some(LeaseSpec {
+            holder_identity: Some("p".to_owned()),
+            lease_duration_seconds: Some(15),
+            ..LeaseSpec::default()
+        });
+        assert!(!record(&never, "cm").expect("record").holds());
     }
 
     #[test]
@@ -405,70 +351,89 @@ mod tests {
 
     #[test]
     fn only_changed_counts_trigger() {
-        let mut m = Membership::new("cm");
-        let apply =
-            |m: &mut Membership, l: Lease, now: i64| m.event(0, None, &Event::Apply(l), at(now));
-        assert_eq!(apply(&mut m, lease("a", "1", "cm", 0, 15), 1), ["a"]);
-        assert_eq!(apply(&mut m, lease("a", "2", "cm", 0, 15), 1), ["a"]);
+        let t = clock();
+        let counts = Counts::default();
+        let mut m = Membership::new("cm", counts.clone());
+        assert_eq!(apply(&mut m, lease("a", "1", "cm", 0, 15), t(1)), ["a"]);
+        assert_eq!(apply(&mut m, lease("a", "2", "cm", 0, 15), t(1)), ["a"]);
+        assert_eq!(counts.get("a"), 2);
         assert!(
-            apply(&mut m, lease("b", "1", "x", 0, 15), 1).is_empty(),
+            apply(&mut m, lease("b", "1", "x", 0, 15), t(1)).is_empty(),
             "other ConfigMap"
         );
         // A renewal changes no count; neither does a tick before anything expires.
-        assert!(apply(&mut m, lease("a", "1", "cm", 5, 15), 5).is_empty());
-        assert!(m.tick(at(14)).is_empty());
-        // a/2 expires at 15 with no event; a/1 (renewed at 5) lives until 20.
-        assert_eq!(m.tick(at(15)), ["a"]);
-        assert!(m.tick(at(16)).is_empty());
-        assert_eq!(m.tick(at(20)), ["a"], "the last one expired: none");
-        assert!(m.tick(at(21)).is_empty());
+        assert!(apply(&mut m, lease("a", "1", "cm", 5, 15), t(5)).is_empty());
+        assert!(m.tick(t(15)).is_empty());
+        // a/2 was last seen to change at 1: out at 16, with no event; a/1 at 20.
+        assert_eq!(m.tick(t(16)), ["a"]);
+        assert_eq!(counts.get("a"), 1);
+        assert!(m.tick(t(17)).is_empty());
+        assert_eq!(m.tick(t(20)), ["a"], "the last one expired: none");
+        assert_eq!(counts.get("a"), 0);
+        assert!(m.tick(t(21)).is_empty());
     }
 
     #[test]
-    fn a_lease_no_type_can_hold_is_read_without_its_bad_fields() {
-        let object: RawLease = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "rebound-sidecar-x", "namespace": "a",
-                         "labels": {CONFIGMAP_LABEL: "cm"},
-                         "managedFields": [{"manager": "m", "time": "9999-12-31T23:59:59Z"}]},
-            "spec": {"holderIdentity": "x", "leaseDurationSeconds": 15,
-                     "renewTime": "9999-12-31T23:59:59.000000Z"},
-        }))
-        .expect("object");
-        let mut lenient = Lenient::default();
-        let Event::Apply(lease) = lenient.typed(Event::Apply(object.clone())) else {
-            panic!("not an Apply");
-        };
-        let spec = lease.spec.expect("spec");
-        assert_eq!(spec.holder_identity.as_deref(), Some("x"));
-        assert_eq!(spec.lease_duration_seconds, Some(15));
-        assert_eq!(spec.renew_time, None);
-        assert!(!is_member(
-            &Lease {
-                spec: Some(spec),
-                ..lease
-            },
-            "cm",
-            at(0)
-        ));
-        // Warned once per Lease.
-        lenient.typed(Event::Apply(object));
-        assert_eq!(lenient.warned.len(), 1);
-    }
-
-    #[test]
-    fn a_relist_replaces_what_was_known() {
-        let mut m = Membership::new("cm");
-        m.event(0, None, &Event::Apply(lease("a", "1", "cm", 0, 15)), at(1));
-        m.event(0, None, &Event::Apply(lease("b", "1", "cm", 0, 15)), at(1));
-        // After a watch gap: b's Lease was deleted meanwhile, c got one.
-        assert!(m.event(0, None, &Event::Init, at(2)).is_empty());
-        for l in [lease("a", "1", "cm", 0, 15), lease("c", "1", "cm", 0, 15)] {
-            assert!(m.event(0, None, &Event::InitApply(l), at(2)).is_empty());
+    fn live_while_renewed_whatever_the_remote_clock_says() {
+        let t = clock();
+        let counts = Counts::default();
+        let mut m = Membership::new("cm", counts.clone());
+        // Stamped a minute behind and a minute ahead of any clock: only changes count.
+        let behind = |at: i64| lease("a", "behind", "cm", at - 60, 10);
+        let ahead = |at: i64| lease("a", "ahead", "cm", at + 60, 10);
+        for s in 0..30 {
+            apply(&mut m, behind(s), t(s as u64));
+            apply(&mut m, ahead(s), t(s as u64));
+            m.tick(t(s as u64));
+            assert_eq!(counts.get("a"), 2, "at {s} s");
         }
-        assert_eq!(m.event(0, None, &Event::InitDone, at(2)), ["b", "c"]);
+        // The last renewals were seen at 29 s: both out at 39 s, not 60 s later.
+        assert!(m.tick(t(38)).is_empty());
+        assert_eq!(m.tick(t(39)), ["a"]);
+        assert_eq!(counts.get("a"), 0);
+        // The same record seen again is no renewal.
+        assert!(apply(&mut m, ahead(29), t(40)).is_empty());
+        // Released (no holder): out at once.
+        assert_eq!(apply(&mut m, behind(41), t(41)), ["a"]);
+        let mut released = behind(42);
+        if let Some(spec) = released.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        assert_eq!(apply(&mut m, released, t(42)), ["a"]);
+        assert_eq!(counts.get("a"), 0);
+    }
+
+    #[test]
+    fn a_relist_replaces_what_was_known_and_forgives_blind_time() {
+        let t = clock();
+        let counts = Counts::default();
+        let mut m = Membership::new("cm", counts.clone());
+        apply(&mut m, lease("a", "1", "cm", 0, 15), t(1));
+        apply(&mut m, lease("b", "1", "cm", 0, 15), t(1));
+        // After a watch gap: b's Lease was deleted meanwhile, c got one.
+        assert!(m.event(0, None, &Event::Init, t(2)).is_empty());
+        for l in [lease("a", "1", "cm", 0, 15), lease("c", "1", "cm", 0, 15)] {
+            assert!(m.event(0, None, &Event::InitApply(l), t(2)).is_empty());
+        }
+        assert_eq!(m.event(0, None, &Event::InitDone, t(2)), ["b", "c"]);
+        // a's record did not change: still judged from 1 s.
+        assert_eq!(m.tick(t(16)), ["a"]);
+        assert_eq!(m.tick(t(17)), ["c"]);
+        // After a failed watch, an unchanged record counts from the relist.
+        m.watch_failed();
+        m.event(0, None, &Event::Init, t(20));
+        m.event(
+            0,
+            None,
+            &Event::InitApply(lease("a", "1", "cm", 0, 15)),
+            t(20),
+        );
+        assert_eq!(m.event(0, None, &Event::InitDone, t(20)), ["a"]);
+        assert_eq!(counts.get("a"), 1);
         assert_eq!(
-            m.event(0, None, &Event::Delete(lease("a", "1", "cm", 0, 15)), at(3)),
+            m.event(0, None, &Event::Delete(lease("a", "1", "cm", 0, 15)), t(21)),
             ["a"]
         );
+        assert_eq!(counts.get("a"), 0);
     }
 }

@@ -207,9 +207,7 @@ async fn reconcile_namespace(
         },
     };
 
-    let sidecars = ctx
-        .stores
-        .sidecars_in(namespace, cm_name, k8s_openapi::jiff::Timestamp::now());
+    let sidecars = ctx.stores.sidecars_in(namespace);
     let status_result = write_statuses(ctx, namespace, verdicts, sidecars, memory).await;
     ctx.metrics.set_namespace(namespace, figures);
     debug!(%namespace, %hash, policies = figures.compiled, not_ready = figures.not_ready, "reconciled");

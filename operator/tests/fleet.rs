@@ -52,10 +52,6 @@ async fn budget_shown(client: &kube::Client, ns: &str, budget: &str) -> Result<(
     .await
 }
 
-fn ago(seconds: i64) -> Result<Timestamp> {
-    Ok(Timestamp::now().checked_sub(SignedDuration::from_secs(seconds))?)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_summary_counts_live_sidecar_leases() -> Result<()> {
     let env = TestEnv::new("op-fleet").await?;
@@ -72,8 +68,8 @@ async fn the_summary_counts_live_sidecar_leases() -> Result<()> {
     )
     .await?;
 
-    // Three live sidecars; beside them Leases that do not count: another ConfigMap's, an
-    // expired one, and a Lease that is no sidecar's.
+    // Three live sidecars; beside them Leases that do not count: another ConfigMap's, a
+    // released one (no holder), and a Lease that is no sidecar's.
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let create = |lease: Lease| {
         let leases = leases.clone();
@@ -83,7 +79,11 @@ async fn the_summary_counts_live_sidecar_leases() -> Result<()> {
     create(sidecar_lease("b", CM, Timestamp::now(), 3600)).await?;
     create(sidecar_lease("c", CM, Timestamp::now(), 3600)).await?;
     create(sidecar_lease("d", "other-policies", Timestamp::now(), 3600)).await?;
-    create(sidecar_lease("e", CM, ago(100)?, 15)).await?;
+    let mut released = sidecar_lease("e", CM, Timestamp::now(), 3600);
+    if let Some(spec) = released.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    create(released).await?;
     let mut plain = sidecar_lease("f", CM, Timestamp::now(), 3600);
     plain.metadata.labels = None;
     create(plain).await?;
@@ -118,9 +118,10 @@ async fn the_summary_counts_live_sidecar_leases() -> Result<()> {
         op.writes()?
     );
 
-    // c stops renewing: its last renewal 12 s ago with a 15 s lease. The update itself
-    // leaves it live; its expiry three seconds later is no event, only the timer sees it.
-    let stale = json!({"spec": {"renewTime": MicroTime(ago(12)?), "leaseDurationSeconds": 15}});
+    // c renews once more, now with a 3 s lease, and stops. The update itself leaves it
+    // live; its expiry three seconds later is no event, only the timer sees it.
+    let stale =
+        json!({"spec": {"renewTime": MicroTime(Timestamp::now()), "leaseDurationSeconds": 3}});
     leases
         .patch(
             &format!("{PREFIX}c"),
@@ -192,4 +193,88 @@ async fn a_lease_no_type_can_hold_does_not_stop_the_count() -> Result<()> {
         leases.create(&PostParams::default(), &lease).await?;
     }
     budget_shown(client, ns, &format!("{BUDGET} for 2 sidecars")).await
+}
+
+/// Renews the sidecar Leases `pods` every second, each stamped with the test's clock
+/// shifted by its skew, until dropped.
+struct Renewals(tokio::task::JoinHandle<()>);
+
+impl Renewals {
+    fn start(leases: Api<Lease>, pods: &'static [(&'static str, i64)]) -> Renewals {
+        Renewals(tokio::spawn(async move {
+            loop {
+                for (pod, skew) in pods {
+                    let Ok(at) = Timestamp::now().checked_add(SignedDuration::from_secs(*skew))
+                    else {
+                        return;
+                    };
+                    let renewal = json!({"spec": {"renewTime": MicroTime(at)}});
+                    let name = format!("{PREFIX}{pod}");
+                    // A failed renewal is a missed one, as for a sidecar.
+                    let _ = leases
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(renewal))
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for Renewals {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sidecars on nodes whose clocks are a minute behind and a minute ahead of the
+/// operator's are counted exactly while they renew: liveness is judged by when the
+/// operator saw a Lease change, never by comparing its `renewTime` with the local clock.
+#[tokio::test(flavor = "multi_thread")]
+async fn sidecars_with_skewed_clocks_count_while_they_renew() -> Result<()> {
+    const LEASE_S: i32 = 8;
+    const SKEWED: &[(&str, i64)] = &[("behind", -60), ("ahead", 60)];
+    let env = TestEnv::new("op-fleet-skew").await?;
+    let (client, ns) = (&env.client, env.namespace.as_str());
+    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    env.kubectl_stdin(["apply", "-f", "-"], POLICIES)?.ok()?;
+    converged(client, ns, WAIT).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    for (pod, skew) in SKEWED {
+        let at = Timestamp::now().checked_add(SignedDuration::from_secs(*skew))?;
+        let lease = sidecar_lease(pod, CM, at, LEASE_S);
+        leases.create(&PostParams::default(), &lease).await?;
+    }
+    let renewals = Renewals::start(leases.clone(), SKEWED);
+
+    // Both counted, and still both after renewing for twice the lease duration.
+    let both = format!("{BUDGET} for 2 sidecars");
+    budget_shown(client, ns, &both).await?;
+    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+    for _ in 0..2 * LEASE_S {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let shown = api
+            .get("orders")
+            .await?
+            .status
+            .and_then(|s| s.summary)
+            .and_then(|s| s.retry_budget);
+        ensure!(shown.as_deref() == Some(both.as_str()), "shown {shown:?}");
+    }
+
+    // Renewals stop: both are counted out about a lease duration later (plus the
+    // operator's one-second tick and the status write), not the skew later.
+    drop(renewals);
+    let stopped = std::time::Instant::now();
+    budget_shown(
+        client,
+        ns,
+        &format!("{BUDGET} per sidecar (no sidecar Leases)"),
+    )
+    .await?;
+    let took = stopped.elapsed();
+    let bound = Duration::from_secs(LEASE_S as u64 + 10);
+    ensure!(took < bound, "counted out {took:?} after the last renewal");
+    println!("counted out {took:?} after the last renewal (lease {LEASE_S} s)");
+    Ok(())
 }

@@ -5,35 +5,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rebound_policy::resolve::{Disposition, ResolvedPolicy};
-use rebound_policy::spec::{JitterKind, Strategy};
 use rebound_policy::{Context, Decision, PreparedPolicy, decide};
-use rebound_runtime::watch_backoff::{OPERATOR_CAP, WatchBackoff};
+use rebound_runtime::watch_backoff::{OPERATOR_CAP, WatchBackoff, own_retry_policy};
 
 /// The operator's own retry policy for failed reconciles: exponential from 500ms,
 /// doubling, capped at 5m, full jitter, never giving up.
 pub fn operator_policy() -> PreparedPolicy {
-    exponential("rebound-system/rebound-operator", 300_000)
-}
-
-fn exponential(identity: &str, cap_ms: u64) -> PreparedPolicy {
-    PreparedPolicy::new(
-        identity,
-        ResolvedPolicy {
-            strategy: Strategy::Exponential,
-            base_ms: 500,
-            multiplier: 2.0,
-            cap_ms,
-            jitter: JitterKind::Full,
-            jitter_ratio: 0.0,
-            schedule_ms: Vec::new(),
-            max_attempts: rebound_policy::limits::MAX_ATTEMPTS,
-            max_retry_duration_ms: None,
-            non_retryable_errors: Vec::new(),
-            terminal: Disposition::Drop,
-            retry_budget: None,
-        },
-    )
+    own_retry_policy("rebound-system/rebound-operator", 500, 300_000)
 }
 
 /// Consecutive failures per key, turned into requeue delays.

@@ -101,11 +101,18 @@ impl Iterator for WatchBackoff {
 }
 
 fn watch_policy(name: &str, cap_ms: u64) -> PreparedPolicy {
+    own_retry_policy(&format!("rebound/watch/{name}"), BASE.as_millis() as u64, cap_ms)
+}
+
+/// How Rebound's own processes retry (watches here, the operator's failed reconciles):
+/// exponential from `base_ms`, doubling, capped at `cap_ms`, full jitter, never giving up —
+/// decided by the policy crate, the way Rebound tells workers to retry.
+pub fn own_retry_policy(identity: &str, base_ms: u64, cap_ms: u64) -> PreparedPolicy {
     PreparedPolicy::new(
-        format!("rebound/watch/{name}"),
+        identity,
         ResolvedPolicy {
             strategy: Strategy::Exponential,
-            base_ms: BASE.as_millis() as u64,
+            base_ms,
             multiplier: 2.0,
             cap_ms,
             jitter: JitterKind::Full,

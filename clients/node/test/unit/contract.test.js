@@ -91,8 +91,10 @@ test('BullMQ and Bull: the Worker\'s queue policy is fetched when the worker is 
   const worker = new Worker('pre-mq', async () => {}, { connection: redis.connection, settings: rebound.bullmq.settings('pre-mq'), autorun: false });
   const bull = rebound.bull.attach(new Bull('pre-bull', redis.url));
   try {
-    await eventually(() => server.requests.GetPolicy.length === 2, 10000, 'two GetPolicy calls');
-    assert.deepEqual(server.requests.GetPolicy.map((r) => r.queue).sort(), ['pre-bull', 'pre-mq']);
+    // Both queues asked (a call that timed out on a loaded machine is asked again).
+    const asked = () => [...new Set(server.requests.GetPolicy.map((r) => r.queue))].sort();
+    await eventually(() => asked().length === 2, 10000, 'GetPolicy for both queues');
+    assert.deepEqual(asked(), ['pre-bull', 'pre-mq']);
     // So an outage decides from the real policy at once.
     const a = await rebound.decide({ queue: 'pre-mq', attempt: 1, jobId: 'j' });
     assert.deepEqual([a.source, a.policySource, a.delayMs], ['fallback', 'cached', 70]);

@@ -86,8 +86,8 @@ k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null
 k -n "$ns" apply -f "$repo_root/examples/policies/webhooks.yaml" >/dev/null
 # The example as it is, with three replicas, the node's test worker (every 50 ms) and
 # images that are imported, never pulled.
-k create --dry-run=client -o json -f "$repo_root/examples/worker/worker-watch.yaml" |
-  jq --argjson n "$replicas" '(.items[] | select(.kind == "Deployment")) |= (
+k -n "$ns" create --dry-run=client -o json -f "$repo_root/examples/worker/worker-watch.yaml" |
+  jq -s --argjson n "$replicas" '{apiVersion: "v1", kind: "List", items: .} | (.items[] | select(.kind == "Deployment")) |= (
       .spec.replicas = $n
       | .spec.template.spec.initContainers[].imagePullPolicy = "Never"
       | .spec.template.spec.containers[0].image = "rebound.dev/node-worker:dev"

@@ -101,7 +101,11 @@ impl Iterator for WatchBackoff {
 }
 
 fn watch_policy(name: &str, cap_ms: u64) -> PreparedPolicy {
-    own_retry_policy(&format!("rebound/watch/{name}"), BASE.as_millis() as u64, cap_ms)
+    own_retry_policy(
+        &format!("rebound/watch/{name}"),
+        BASE.as_millis() as u64,
+        cap_ms,
+    )
 }
 
 /// How Rebound's own processes retry (watches here, the operator's failed reconciles):

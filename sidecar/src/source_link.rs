@@ -53,13 +53,15 @@ impl SourceLink {
 
     /// The source failed. Returns `true` (and logs one line) on the transition from
     /// connected, or on the first failure after [`SourceLink::starting`]; further failures
-    /// while disconnected are not logged here.
+    /// while disconnected are not logged here. `state` is the configuration's (`none`: no
+    /// answer can be given until the source is back; else the last good one answers).
     pub fn disconnected(
         &self,
         origin: &str,
         now_ms: u64,
         error: &dyn std::fmt::Display,
         serving: Option<&str>,
+        state: &str,
     ) -> bool {
         let _ = self.disconnected_since_ms.compare_exchange(
             0,
@@ -74,7 +76,8 @@ impl SourceLink {
                 origin,
                 %error,
                 serving = serving.unwrap_or(""),
-                "configuration source disconnected; answering from the last good configuration, changes are not seen until it is back"
+                state,
+                "configuration source disconnected; changes are not seen until it is back"
             );
         }
         lost
@@ -101,18 +104,18 @@ mod tests {
         link.starting(1_000);
         assert_eq!(link.status().disconnected_since_ms, Some(1_000));
         assert!(
-            link.disconnected("o", 1_200, &"refused", None),
+            link.disconnected("o", 1_200, &"refused", None, "none"),
             "a failed start"
         );
-        assert!(!link.disconnected("o", 1_300, &"refused", None));
+        assert!(!link.disconnected("o", 1_300, &"refused", None, "none"));
         assert_eq!(link.status().disconnected_since_ms, Some(1_000));
         assert!(link.connected("o", 1_500, None));
         assert!(!link.connected("o", 1_600, None));
         link.starting(1_700);
         assert!(!link.connected("o", 1_800, None), "a clean start is quiet");
         assert!(link.status().connected);
-        assert!(link.disconnected("o", 2_000, &"refused", Some("h")));
-        assert!(!link.disconnected("o", 3_000, &"refused", Some("h")));
+        assert!(link.disconnected("o", 2_000, &"refused", Some("h"), "active"));
+        assert!(!link.disconnected("o", 3_000, &"refused", Some("h"), "active"));
         assert_eq!(
             link.status(),
             LinkStatus {

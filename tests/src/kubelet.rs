@@ -57,6 +57,8 @@ pub fn resolve(
                     "metadata.name" => pod.to_owned(),
                     "metadata.namespace" => namespace.to_owned(),
                     "status.podIP" => "127.0.0.1".to_owned(),
+                    // A process is in no Pod: no UID, so nothing it writes is owned.
+                    "metadata.uid" => String::new(),
                     other => bail!("env {}: no stand-in for {other}", var.name),
                 }
             }

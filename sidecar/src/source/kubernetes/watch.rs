@@ -86,6 +86,7 @@ pub async fn run(source: &ConfigMapSource, client: Client, store: Arc<Store>) {
                     system_now_ms(),
                     &error,
                     serving.as_deref().map(store::Loaded::hash),
+                    watch.store.state().as_str(),
                 );
                 if let Some(wait) = retry_after {
                     backoff.retry_after(wait);

@@ -227,9 +227,14 @@ fn policy_identity_changes_the_draw() {
         job_id: Some("job-1"),
         ..Context::default()
     };
-    let a = decide(&PreparedPolicy::new("ns/a", params.clone()), 5, &ctx);
-    let b = decide(&PreparedPolicy::new("ns/b", params), 5, &ctx);
-    assert_ne!(a, b);
+    let (pa, pb) = (
+        PreparedPolicy::new("ns/a", params.clone()),
+        PreparedPolicy::new("ns/b", params),
+    );
+    assert_ne!(decide(&pa, 5, &ctx), decide(&pb, 5, &ctx));
+    // The identity is also the policy's name to its callers (the sidecar keys each policy's
+    // budget by it): two policies never answer to one name.
+    assert_eq!([pa.identity(), pb.identity()], ["ns/a", "ns/b"]);
 }
 
 #[test]

@@ -9,12 +9,14 @@
 //! duration and a tick; a SIGTERM hands over at once. Each phase uses its own policy, so
 //! each book starts empty.
 
+mod fleet_support;
+
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -23,23 +25,19 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use fleet_support::{CM, LEASE_S, Sidecar};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::Kubeconfig;
 use rebound_sidecar::pb::v1::{
     BudgetScope, DecideRequest, Decision, GetPolicyRequest,
     retry_advisor_client::RetryAdvisorClient,
 };
-use rebound_test_support::{free_port, workspace_binary};
-use rebound_tests::lease::{apply_sidecar_rbac, create_pod, token};
-use rebound_tests::{TestEnv, unique_name};
-use serde_json::json;
+use rebound_tests::TestEnv;
+use rebound_tests::lease::apply_sidecar_rbac;
 use tonic::transport::Channel;
 
 const SA: &str = "rebound-worker";
-const CM: &str = "rebound-policies";
 /// Short, so a killed member is counted out quickly: renewals every second, a 300 ms tick.
-const LEASE_S: u64 = 3;
 const TICK: Duration = Duration::from_millis(300);
 const RATE: usize = 100;
 const BURST: usize = 10;
@@ -47,22 +45,6 @@ const BURST: usize = 10;
 const SLOT_MS: u64 = 100;
 const SLOTS_PER_SECOND: usize = 10;
 const QUEUES: [&str; 4] = ["steady", "kill", "add", "after"];
-
-/// A sidecar process, stopped (SIGKILL) when dropped, whatever happens.
-struct Sidecar {
-    pod: String,
-    child: Child,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// One answer of a storm.
 #[derive(Clone, Copy, Debug)]
@@ -107,49 +89,11 @@ async fn create_configmap(env: &TestEnv) -> Result<()> {
     Ok(())
 }
 
-/// A kubeconfig that authenticates as `pod` only (a Pod-bound token of the worker's SA).
-async fn pod_kubeconfig(env: &TestEnv, pod: &str) -> Result<PathBuf> {
-    let object = create_pod(&env.client, &env.namespace, pod, SA).await?;
-    let token = token(&env.client, &env.namespace, SA, Some(&object)).await?;
-    let mut kubeconfig = Kubeconfig::read_from(env.cluster.kubeconfig())?;
-    let user = kubeconfig
-        .auth_infos
-        .first_mut()
-        .context("the kubeconfig has no user")?;
-    user.auth_info = Some(serde_json::from_value(json!({ "token": token }))?);
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{}-{pod}.kubeconfig", env.namespace));
-    std::fs::write(&path, serde_json::to_vec(&kubeconfig)?)?;
-    Ok(path)
-}
-
+/// A sidecar acting as Pod `pod`, with a Pod-bound token of the worker's ServiceAccount.
 async fn spawn_sidecar(env: &TestEnv, pod: &str) -> Result<Sidecar> {
-    let kubeconfig = pod_kubeconfig(env, pod).await?;
-    let (grpc, admin) = (free_port()?, free_port()?);
-    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(pod)));
-    let child = Command::new(workspace_binary("rebound-sidecar")?)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "info")
-        .args([
-            format!("--configmap={}/{CM}", env.namespace),
-            format!("--pod-name={pod}"),
-            format!("--lease-duration={LEASE_S}s"),
-            format!("--listen={grpc}"),
-            format!("--admin-listen={admin}"),
-            "--shutdown-grace=1s".to_owned(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting rebound-sidecar")?;
-    Ok(Sidecar {
-        pod: pod.to_owned(),
-        child,
-        grpc,
-        admin,
-        log,
-    })
+    let (kubeconfig, _) =
+        fleet_support::pod_kubeconfig(env.cluster, &env.client, &env.namespace, pod, SA).await?;
+    Sidecar::spawn(&kubeconfig, &env.namespace, pod, &[])
 }
 
 async fn connect(addr: SocketAddr) -> Result<RetryAdvisorClient<Channel>> {

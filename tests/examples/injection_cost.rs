@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use rebound_tests::TestEnv;
-use rebound_tests::injection::{Installed, create_pod, wait_until_injecting};
+use rebound_tests::injection::{Installed, create_pod};
 use serde_json::json;
 
 const CREATES: usize = 50;
@@ -83,7 +83,9 @@ async fn main() -> Result<()> {
         .create_namespace(&env.client, "inject-cost-system")
         .await?;
     let installed = Installed::apply(env.cluster, &system, "rebound.dev/sidecar:bench")?;
-    wait_until_injecting(&env.client, &env.namespace).await?;
+    installed
+        .wait_until_in_effect(&env.client, &env.namespace)
+        .await?;
     run(&env, pid, "policy, Pod not annotated", "other", false).await?;
     run(&env, pid, "policy, Pod injected", "injected", true).await?;
     drop(installed);

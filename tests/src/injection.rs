@@ -42,6 +42,8 @@ pub fn params(namespace: &str, image: &str) -> Value {
 /// deleted on drop (they are cluster-wide).
 pub struct Installed<'a> {
     cluster: &'a Cluster,
+    /// Rebound's own namespace, where the parameters live.
+    namespace: String,
     manifests: String,
     pub params_file: tempfile::NamedTempFile,
 }
@@ -69,6 +71,7 @@ impl<'a> Installed<'a> {
         params_file.write_all(params.as_bytes())?;
         let installed = Installed {
             cluster,
+            namespace: namespace.to_owned(),
             manifests,
             params_file,
         };
@@ -203,35 +206,50 @@ pub fn differences(a: &Value, b: &Value) -> Vec<String> {
     out
 }
 
-/// Waits until the API server injects a probe Pod and refuses a malformed one (the
-/// policies load asynchronously, each on its own).
-pub async fn wait_until_injecting(client: &kube::Client, namespace: &str) -> Result<()> {
-    let probe = |value: &str| {
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "probe", "annotations": {"rebound.dev/inject": value}},
-            "spec": {"serviceAccountName": "default", "containers": [{"name": "c", "image": "busybox"}]}
-        })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let injected = match create_pod(client, namespace, &probe("true"), true).await {
-            Ok(pod) => pod
-                .pointer("/metadata/labels/rebound.dev~1injected")
-                .is_some(),
-            Err(_) => false,
+impl Installed<'_> {
+    /// Waits until this install is the one the API server applies: a probe Pod in
+    /// `namespace` is injected and a malformed one refused, and an annotated probe in
+    /// Rebound's own namespace is admitted as sent. The policies load asynchronously,
+    /// each on its own, and share their names with any earlier install: only this
+    /// install's bindings exclude this install's namespace.
+    pub async fn wait_until_in_effect(&self, client: &kube::Client, namespace: &str) -> Result<()> {
+        let probe = |value: &str| {
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "probe", "annotations": {"rebound.dev/inject": value}},
+                "spec": {"serviceAccountName": "default", "containers": [{"name": "c", "image": "busybox"}]}
+            })
         };
-        let refused = create_pod(client, namespace, &probe("maybe"), true)
-            .await
-            .is_err();
-        if injected && refused {
-            return Ok(());
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let injected = match create_pod(client, namespace, &probe("true"), true).await {
+                Ok(pod) => pod
+                    .pointer("/metadata/labels/rebound.dev~1injected")
+                    .is_some(),
+                Err(_) => false,
+            };
+            let refused = create_pod(client, namespace, &probe("maybe"), true)
+                .await
+                .is_err();
+            let asked = probe("true");
+            let own_excluded = match create_pod(client, &self.namespace, &asked, true).await {
+                Ok(pod) => {
+                    crate::json_contains(&pod, &asked)
+                        && pod
+                            .pointer("/metadata/labels/rebound.dev~1injected")
+                            .is_none()
+                }
+                Err(_) => false,
+            };
+            if injected && refused && own_excluded {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "the injection policies did not take effect within 60s (injecting: {injected}, refusing: {refused}, own namespace excluded: {own_excluded})"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        if std::time::Instant::now() > deadline {
-            bail!(
-                "the injection policies did not take effect within 60s (injecting: {injected}, refusing: {refused})"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

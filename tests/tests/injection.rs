@@ -5,9 +5,7 @@
 //! submitted; malformed overrides are refused naming the annotation.
 
 use anyhow::{Context as _, Result, bail, ensure};
-use rebound_tests::injection::{
-    Installed, cli_inject, comparable, create_pod, differences, wait_until_injecting,
-};
+use rebound_tests::injection::{Installed, cli_inject, comparable, create_pod, differences};
 use rebound_tests::{TestEnv, json_contains};
 use serde_json::{Value, json};
 
@@ -154,7 +152,9 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
         .create_namespace(&env.client, "inject-system")
         .await?;
     let installed = Installed::apply(env.cluster, &system, IMAGE)?;
-    wait_until_injecting(&env.client, &env.namespace).await?;
+    installed
+        .wait_until_in_effect(&env.client, &env.namespace)
+        .await?;
 
     let mut failures = Vec::new();
     for (case, pod, injected) in cases() {
@@ -211,7 +211,9 @@ async fn namespace_label_injects_and_excluded_namespaces_are_untouched() -> Resu
         .create_namespace(&env.client, "inject-system")
         .await?;
     let installed = Installed::apply(env.cluster, &system, IMAGE)?;
-    wait_until_injecting(&env.client, &env.namespace).await?;
+    installed
+        .wait_until_in_effect(&env.client, &env.namespace)
+        .await?;
     env.cluster
         .kubectl([
             "label",
@@ -291,7 +293,9 @@ async fn malformed_overrides_are_refused_naming_the_annotation() -> Result<()> {
         .create_namespace(&env.client, "inject-system")
         .await?;
     let installed = Installed::apply(env.cluster, &system, IMAGE)?;
-    wait_until_injecting(&env.client, &env.namespace).await?;
+    installed
+        .wait_until_in_effect(&env.client, &env.namespace)
+        .await?;
     for (key, value) in [
         ("rebound.dev/inject", "enabled"),
         ("rebound.dev/mode", "push"),

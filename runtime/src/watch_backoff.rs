@@ -35,7 +35,7 @@ pub const OPERATOR_CAP: Duration = Duration::from_secs(1);
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// Delays between attempts to re-establish one watch.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct WatchBackoff {
     policy: PreparedPolicy,
     key: String,

@@ -155,7 +155,10 @@ async fn main() -> Result<()> {
     let mut tasks = Vec::new();
     for _ in 0..args.clients {
         let store = Store::new(Arc::new(Metrics::new()));
-        let watch_client = rebound_runtime::api_client::from_config(kube_config.clone())?;
+        let watch_client = rebound_runtime::api_client::from_config(
+            kube_config.clone(),
+            rebound_runtime::api_client::Profile::Sidecar,
+        )?;
         let source = ConfigMapSource::new(target.clone(), None);
         tasks.push(tokio::spawn(source.run(watch_client, Arc::clone(&store))));
         stores.push(store);
@@ -182,9 +185,14 @@ async fn main() -> Result<()> {
     let restarted = Instant::now();
     tokio::task::block_in_place(|| cluster.start_apiserver())?;
     let back = Instant::now();
+    // To line up with the operator's log.
+    let back_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     cluster
         .kubectl_stdin(["apply", "-n", &ns, "-f", "-"], &policy(200))?
         .ok()?;
+    let accepted = back.elapsed();
     let mut compiled = None;
     let mut when: Vec<Option<Duration>> = vec![None; args.clients];
     let mut resumed: Vec<Option<Duration>> = vec![None; args.clients];
@@ -230,8 +238,10 @@ async fn main() -> Result<()> {
     let mut times: Vec<Duration> = when.iter().flatten().copied().collect();
     times.sort();
     println!(
-        "outage {} s, edit applied at the API server's return",
-        args.outage
+        "outage {} s, /readyz at unix {:.3}, edit applied then, accepted after {:.2} s",
+        args.outage,
+        back_unix.as_secs_f64(),
+        accepted.as_secs_f64()
     );
     match compiled {
         Some(c) => println!("operator compiled the edit after {:.2} s", c.as_secs_f64()),

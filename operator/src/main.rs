@@ -28,7 +28,7 @@ async fn run() -> anyhow::Result<()> {
 
     // HTTP/2 keepalive: a hung connection fails the Lease renewals and the watches within
     // seconds instead of minutes.
-    let client = rebound_runtime::api_client::infer(rebound_runtime::api_client::Profile::Operator)
+    let client = rebound_runtime::api_client::infer()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
     let metrics = Arc::new(Metrics::new());

@@ -8,8 +8,8 @@
 //!   the one connection, as client-go's do.
 //! - A connect timeout that covers the TLS handshake, so a reconnect into a black hole
 //!   fails too.
-//! - In-client retries of 429/503/504 that honour `Retry-After` ([`retry`]: a 429 is never
-//!   retried faster; the operator caps a 503's wait) and stay short (at most 3, capped at
+//! - In-client retries of 429/503/504 ([`ServerRetry`]: a 429 is never retried sooner than its
+//!   `Retry-After`, a 503 waits the jittered backoff) that stay short (at most 3, capped at
 //!   4 s), so a watch's own backoff sees the failure soon; kube's default would retry 15
 //!   times, growing to minutes.
 
@@ -22,7 +22,7 @@ use kube::{Client, Config};
 use tower::{BoxError, ServiceBuilder};
 
 mod retry;
-pub use retry::{OPERATOR_UNAVAILABLE_CAP, Profile, ServerRetry};
+pub use retry::ServerRetry;
 
 /// A PING is sent after this long without frames from the server.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(4);
@@ -41,13 +41,13 @@ pub enum ApiClientError {
 }
 
 /// A client from `KUBECONFIG` (or `~/.kube/config`) or the in-cluster service account.
-pub async fn infer(profile: Profile) -> Result<Client, ApiClientError> {
+pub async fn infer() -> Result<Client, ApiClientError> {
     let config = Config::infer().await?;
-    Ok(from_config(config, profile)?)
+    Ok(from_config(config)?)
 }
 
 /// A client for `config`, with the keepalive, timeouts and retries above.
-pub fn from_config(config: Config, profile: Profile) -> Result<Client, kube::Error> {
+pub fn from_config(config: Config) -> Result<Client, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -68,7 +68,7 @@ pub fn from_config(config: Config, profile: Profile) -> Result<Client, kube::Err
             .http2_keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .http2_keep_alive_while_idle(true)
             .build(connector);
-    let retry = ServerRetry::new(profile, 3, Duration::from_secs(4));
+    let retry = ServerRetry::new(3, Duration::from_secs(4));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .layer(tower::retry::RetryLayer::new(retry))
@@ -121,10 +121,7 @@ mod tests {
             }
             arrivals
         });
-        let client = from_config(
-            Config::new(format!("http://{addr}").parse()?),
-            Profile::Operator,
-        )?;
+        let client = from_config(Config::new(format!("http://{addr}").parse()?))?;
         let text = client
             .request_text(http::Request::get("/healthz").body(Vec::new())?)
             .await?;

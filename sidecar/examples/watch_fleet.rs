@@ -155,10 +155,7 @@ async fn main() -> Result<()> {
     let mut tasks = Vec::new();
     for _ in 0..args.clients {
         let store = Store::new(Arc::new(Metrics::new()));
-        let watch_client = rebound_runtime::api_client::from_config(
-            kube_config.clone(),
-            rebound_runtime::api_client::Profile::Sidecar,
-        )?;
+        let watch_client = rebound_runtime::api_client::from_config(kube_config.clone())?;
         let source = ConfigMapSource::new(target.clone(), None);
         tasks.push(tokio::spawn(source.run(watch_client, Arc::clone(&store))));
         stores.push(store);

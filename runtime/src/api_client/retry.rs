@@ -1,13 +1,12 @@
 //! In-client retries of the API server's "try again later" answers (429, 503, 504).
 //!
 //! A 429 (API Priority and Fairness, or a watch cache still initialising) is never retried
-//! sooner than its `Retry-After`. A 503 carries one too: an API server that is starting
-//! answers "not all HTTP paths installed yet" with `Retry-After: 5`, a guess at its own
-//! start-up. Thousands of sidecars honour it (their reconnects spread over the wait); the
-//! operator, one or two processes that must compile an edit within 2 s of the server's
-//! return, waits at most [`Profile::Operator`]'s cap instead, so it is not left waiting
-//! for most of 5 s after `/readyz`. Without `Retry-After` the delay comes from the same
-//! backoff as the watches.
+//! sooner than its `Retry-After`: the server is up and rationing. A 503 is a server not
+//! serving yet: one that is starting answers "not all HTTP paths installed" with a fixed
+//! `Retry-After: 5`, a guess at its own start-up. Honoured, it would bring every client
+//! that asked in the same second back in the same second, 5 s later, and keep the operator
+//! from compiling an edit for most of 5 s after `/readyz`. A 503 (and a 504) therefore
+//! waits the same jittered backoff as a refused connection, as short and as spread out.
 
 use std::time::Duration;
 
@@ -18,38 +17,22 @@ use tower::retry::Policy;
 
 use crate::watch_backoff::{MAX_RETRY_AFTER, WatchBackoff};
 
-/// Which process the client serves: how far it trusts a 503's `Retry-After`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Profile {
-    /// One of a fleet of sidecars: every `Retry-After` is honoured.
-    Sidecar,
-    /// The operator: a 503 waits at most [`OPERATOR_UNAVAILABLE_CAP`].
-    Operator,
-}
-
-/// The longest the operator waits after a 503, whatever its `Retry-After` says.
-pub const OPERATOR_UNAVAILABLE_CAP: Duration = Duration::from_secs(1);
-
 /// Retries of one request (cloned per request by tower's retry layer).
 #[derive(Clone, Debug)]
 pub struct ServerRetry {
     backoff: WatchBackoff,
     retries: u32,
     max_retries: u32,
-    unavailable_cap: Option<Duration>,
 }
 
 impl ServerRetry {
-    /// At most `max_retries` retries, `cap` apart at most when the server names no delay.
-    pub fn new(profile: Profile, max_retries: u32, cap: Duration) -> Self {
+    /// At most `max_retries` retries, each at most `cap` after the last unless a 429 asks
+    /// for longer.
+    pub fn new(max_retries: u32, cap: Duration) -> Self {
         Self {
             backoff: WatchBackoff::new("api-client", cap),
             retries: 0,
             max_retries,
-            unavailable_cap: match profile {
-                Profile::Sidecar => None,
-                Profile::Operator => Some(OPERATOR_UNAVAILABLE_CAP),
-            },
         }
     }
 
@@ -66,12 +49,10 @@ impl ServerRetry {
         }
         self.retries += 1;
         let own = self.backoff.next().unwrap_or_default();
-        let asked = retry_after.map(|d| d.min(MAX_RETRY_AFTER));
-        let asked = match (status, self.unavailable_cap) {
-            (StatusCode::SERVICE_UNAVAILABLE, Some(cap)) => asked.map(|d| d.min(cap)),
-            _ => asked,
-        };
-        Some(asked.map_or(own, |d| d.max(own.min(d))))
+        Some(match (status, retry_after) {
+            (StatusCode::TOO_MANY_REQUESTS, Some(asked)) => own.max(asked.min(MAX_RETRY_AFTER)),
+            _ => own,
+        })
     }
 }
 
@@ -114,35 +95,33 @@ mod tests {
     use super::*;
 
     const CAP: Duration = Duration::from_secs(4);
+    const FIVE: Option<Duration> = Some(Duration::from_secs(5));
 
     #[test]
-    fn a_429_waits_its_retry_after_for_both_profiles() {
-        for profile in [Profile::Sidecar, Profile::Operator] {
-            let mut r = ServerRetry::new(profile, 3, CAP);
-            let asked = Some(Duration::from_secs(5));
-            assert_eq!(
-                r.delay(StatusCode::TOO_MANY_REQUESTS, asked),
-                Some(Duration::from_secs(5))
-            );
-        }
+    fn a_429_waits_its_retry_after() {
+        let mut r = ServerRetry::new(3, CAP);
+        assert_eq!(
+            r.delay(StatusCode::TOO_MANY_REQUESTS, FIVE),
+            Some(Duration::from_secs(5))
+        );
     }
 
     #[test]
-    fn a_503_waits_its_retry_after_only_for_the_sidecar() {
-        let asked = Some(Duration::from_secs(5));
-        let mut sidecar = ServerRetry::new(Profile::Sidecar, 3, CAP);
-        assert_eq!(
-            sidecar.delay(StatusCode::SERVICE_UNAVAILABLE, asked),
-            Some(Duration::from_secs(5))
-        );
-        let mut operator = ServerRetry::new(Profile::Operator, 3, CAP);
-        let d = operator.delay(StatusCode::SERVICE_UNAVAILABLE, asked);
-        assert!(d.is_some_and(|d| d <= OPERATOR_UNAVAILABLE_CAP), "{d:?}");
+    fn a_503_waits_the_jittered_backoff_not_its_retry_after() {
+        // A fleet that got the starting server's `Retry-After: 5` in the same second
+        // comes back spread over the backoff, not together 5 s later.
+        let delays: Vec<Duration> = (0..200)
+            .filter_map(|_| ServerRetry::new(3, CAP).delay(StatusCode::SERVICE_UNAVAILABLE, FIVE))
+            .collect();
+        assert_eq!(delays.len(), 200);
+        assert!(delays.iter().all(|d| *d <= crate::watch_backoff::BASE));
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 100, "{} distinct delays", distinct.len());
     }
 
     #[test]
     fn retries_stop_at_the_limit_and_on_other_statuses() {
-        let mut r = ServerRetry::new(Profile::Sidecar, 2, CAP);
+        let mut r = ServerRetry::new(2, CAP);
         assert!(r.delay(StatusCode::NOT_FOUND, None).is_none());
         assert!(r.delay(StatusCode::GATEWAY_TIMEOUT, None).is_some());
         assert!(r.delay(StatusCode::GATEWAY_TIMEOUT, None).is_some());
@@ -151,7 +130,7 @@ mod tests {
 
     #[test]
     fn a_hostile_retry_after_is_bounded() {
-        let mut r = ServerRetry::new(Profile::Sidecar, 3, CAP);
+        let mut r = ServerRetry::new(3, CAP);
         let d = r.delay(
             StatusCode::TOO_MANY_REQUESTS,
             Some(Duration::from_secs(u64::MAX / 2)),

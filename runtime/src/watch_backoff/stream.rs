@@ -7,7 +7,8 @@
 //! - an event resets the backoff, and so does a failure more than [`RESET_AFTER`] after
 //!   the previous one (the watch was up in between);
 //! - a first `410 Gone` relists at once (a second in a row backs off);
-//! - a `Retry-After` the server put in its `Status` is a floor under the next delay.
+//! - a `Retry-After` the server put in a 429's `Status` is a floor under the next delay
+//!   (a 503's is not: see [`crate::api_client::ServerRetry`]).
 
 use std::time::Duration;
 
@@ -117,7 +118,8 @@ fn is_gone(error: &watcher::Error) -> bool {
 }
 
 fn retry_after(error: &watcher::Error) -> Option<Duration> {
-    let seconds = status(error)?.details.as_ref()?.retry_after_seconds;
+    let status = status(error).filter(|s| s.code == 429)?;
+    let seconds = status.details.as_ref()?.retry_after_seconds;
     (seconds > 0).then(|| Duration::from_secs(u64::from(seconds)))
 }
 

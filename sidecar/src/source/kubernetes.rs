@@ -94,10 +94,7 @@ impl ConfigMapSource {
     /// Connects with the default client configuration, through the API client the
     /// binaries share (HTTP/2 keepalive, connect timeout, bounded in-client retries).
     pub async fn client() -> Result<Client, ClientError> {
-        Ok(
-            rebound_runtime::api_client::infer(rebound_runtime::api_client::Profile::Sidecar)
-                .await?,
-        )
+        Ok(rebound_runtime::api_client::infer().await?)
     }
 
     /// Runs until the task is dropped; see [`watch`] for how faults are handled.

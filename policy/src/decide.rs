@@ -430,6 +430,33 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A fixed-seed SplitMix64 stream: the same numbers on every run and platform, for
+/// simulations and for tests that generate cases.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let value = mix64(self.0);
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
+        value
+    }
+
+    /// A number in `[0, n)` (`n` > 0; modulo bias is below 2⁻³² for `n` < 2³²).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// One of `items` (not empty).
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
 /// 64-bit FNV-1a; stable across platforms and releases (unlike `DefaultHasher`).
 pub fn hash_bytes(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

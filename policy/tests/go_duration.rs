@@ -17,32 +17,21 @@ use std::{
 
 use rebound_policy::duration::{DURATION_PATTERN, KubeDuration, MAX_DURATION_LEN, MAX_DURATION_MS};
 
-/// splitmix64 on a fixed seed: the same strings on every run.
-struct Rng(u64);
+/// A fixed seed: the same strings on every run.
+type Rng = rebound_policy::decide::SplitMix64;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn digits(&mut self, n: u64, out: &mut String) {
-        // Runs of 9s and 0s reach the rounding edges far more often than uniform digits.
-        let style = self.below(4);
-        for _ in 0..n {
-            let d = match style {
-                0 => 9,
-                1 if out.is_empty() => 0,
-                1 => [0, 0, 0, 1][self.below(4) as usize],
-                _ => self.below(10),
-            };
-            out.push(char::from(b'0' + d as u8));
-        }
+/// `n` digits onto `out`; runs of 9s and 0s reach the rounding edges far more often than
+/// uniform digits.
+fn digits(rng: &mut Rng, n: u64, out: &mut String) {
+    let style = rng.below(4);
+    for _ in 0..n {
+        let d = match style {
+            0 => 9,
+            1 if out.is_empty() => 0,
+            1 => [0, 0, 0, 1][rng.below(4) as usize],
+            _ => rng.below(10),
+        };
+        out.push(char::from(b'0' + d as u8));
     }
 }
 
@@ -60,7 +49,7 @@ fn duration(rng: &mut Rng) -> String {
             out.push('0');
         } else {
             let mut int = String::new();
-            rng.digits(int_len, &mut int);
+            digits(rng, int_len, &mut int);
             out.push_str(&int);
         }
         if rng.below(3) > 0 {
@@ -71,7 +60,7 @@ fn duration(rng: &mut Rng) -> String {
                 _ => 1 + rng.below(9),
             };
             let mut frac = String::new();
-            rng.digits(frac_len, &mut frac);
+            digits(rng, frac_len, &mut frac);
             out.push_str(&frac);
         }
         out.push_str(["ms", "s", "m", "h"][rng.below(4) as usize]);
@@ -98,7 +87,7 @@ fn cases(n: usize) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    let mut rng = Rng(0x0038_d0a7);
+    let mut rng = Rng::new(0x0038_d0a7);
     while all.len() < n {
         all.push(duration(&mut rng));
     }

@@ -16,24 +16,8 @@ use rebound_policy::manifest::parse_manifests;
 use rebound_tests::TestEnv;
 use serde_json::{Value, json};
 
-/// splitmix64 on a fixed seed: the same cases on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
+/// A fixed seed: the same cases on every run.
+type Rng = rebound_policy::decide::SplitMix64;
 
 const NAME_CHARS: &[u8] = b"abcXYZ019._:/@-*";
 
@@ -122,7 +106,7 @@ fn durations(rng: &mut Rng) -> Vec<String> {
 
 /// Every case: a spec with (mostly) one thing at an edge.
 fn specs() -> Vec<Value> {
-    let mut rng = Rng(0x0038_ad31);
+    let mut rng = Rng::new(0x0038_ad31);
     let mut out = Vec::new();
     for list in lists(&mut rng, 64) {
         out.push(json!({"queues": list}));

@@ -209,7 +209,7 @@ proptest! {
 /// the cap many times over, with hot spots aimed at booked slots and clock jumps.
 /// Returns how many times the book compacted.
 fn storm(c: &mut Checked, seed: u64, asks: usize, spread_ms: u64) -> Result<u32, TestCaseError> {
-    let mut rng = super::tests::Rng(seed);
+    let mut rng = super::tests::Rng::new(seed);
     let mut now = 1_000_000u64;
     let mut recent: Vec<u64> = Vec::new();
     let full_check_every = if c.s.slots.max_runs > 1_024 { 256 } else { 1 };

@@ -55,22 +55,8 @@ fn delay(b: &Budgeted) -> u64 {
     }
 }
 
-/// A fixed-seed generator (splitmix64), so every run sees the same storm.
-pub(super) struct Rng(pub(super) u64);
-
-impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub(super) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+/// A fixed-seed generator, so every run sees the same storm.
+pub(super) type Rng = crate::decide::SplitMix64;
 
 #[test]
 fn slot_arithmetic_is_exact() {
@@ -152,7 +138,7 @@ fn give_ups_pass_through_untouched() {
 #[test]
 fn never_more_than_burst_in_any_slot() {
     for seed in 0..40u64 {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let rate: u32 = [1, 3, 7, 10, 250, 1_000, 20_000][rng.below(7) as usize];
         let min_burst = rate.div_ceil(1000);
         let burst = (min_burst + rng.below(5) as u32).min(60 * rate);
@@ -194,7 +180,7 @@ fn aligned_slots_bound_every_second() {
     let b = budget(50, 5); // 100 ms slots
     let mut s = Scheduler::new(b);
     let p = policy(None);
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let now = 1_700_000_000_000;
     let mut per_second: HashMap<u64, u32> = HashMap::new();
     for i in 0..2_000 {
@@ -268,7 +254,7 @@ fn the_run_cap_costs_little_delay() {
     assert!(delay(&s.apply(&p, retry(0), &ask("", n))) <= 1);
     // A storm's retries spread thinly over an hour, then new failures wanting "now".
     let mut s = Scheduler::with_capacity(budget(1_000, 1), 0, 256);
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for _ in 0..2_000 {
         s.apply(&p, retry(60_000 + rng.below(3_600_000)), &ask("", n));
         assert!(s.runs() <= 256);
@@ -513,7 +499,7 @@ fn slot_share_owns_every_nth_slot() {
 /// `members` schedulers, member i with share i of `members`, one storm spread unevenly
 /// over them (member 0 gets half); returns (run time ms, scheduler) per admitted retry.
 fn fleet_storm(seed: u64, b: RetryBudget, members: u32, jobs: usize) -> Vec<(u64, u32)> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut fleet: Vec<Scheduler> = (0..members)
         .map(|i| {
             let mut s = Scheduler::new(b);
@@ -546,7 +532,7 @@ fn fleet_storm(seed: u64, b: RetryBudget, members: u32, jobs: usize) -> Vec<(u64
 #[test]
 fn shares_of_one_budget_hold_it_together() {
     for seed in 0..24u64 {
-        let mut rng = Rng(seed ^ 0xf1ee7);
+        let mut rng = Rng::new(seed ^ 0xf1ee7);
         let rate: u32 = [10, 100, 250, 1_000, 5_000][rng.below(5) as usize];
         let burst = (rate.div_ceil(1000) + rng.below(10) as u32).min(60 * rate);
         let members = 1 + rng.below(8) as u32;

@@ -2,47 +2,16 @@
 //! Assertions are on the parsed JSON/YAML output and on exit codes; the expected values
 //! come from the policy crate itself.
 
-use std::{
-    io::Write,
-    process::{Command, Output, Stdio},
-};
+mod common;
 
+use std::process::{Command, Output, Stdio};
+
+use common::{ROOT, read, rebound, rebound_stdin, run_with};
 use rebound_policy::{
     Context, Decision, PolicySource, PolicyTable, compile,
     manifest::{self, ManifestDocument},
 };
 use serde_json::Value;
-
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-
-fn run_with(bin: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(bin)
-        .args(args)
-        .current_dir(ROOT)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("rebound runs");
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin");
-        // The binary may stop reading early (too large); a broken pipe is fine then.
-        let _ = pipe.write_all(input);
-    }
-    child.wait_with_output().expect("rebound exits")
-}
-
-fn rebound(args: &[&str]) -> Output {
-    run_with(env!("CARGO_BIN_EXE_rebound"), args, None)
-}
-
-fn rebound_stdin(args: &[&str], input: &[u8]) -> Output {
-    run_with(env!("CARGO_BIN_EXE_rebound"), args, Some(input))
-}
 
 fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -52,10 +21,6 @@ fn json(out: &Output) -> Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(format!("{ROOT}/{path}")).expect("fixture")
 }
 
 fn documents(path: &str) -> Vec<ManifestDocument> {

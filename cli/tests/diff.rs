@@ -1,19 +1,11 @@
 //! `rebound diff`'s Markdown as a pull-request reader sees it: its tables parsed into cells
 //! and checked against the same run's `-o json`.
 
-use std::process::Command;
+mod common;
+
+use common::rebound;
 
 use serde_json::Value;
-
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-
-fn rebound(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rebound"))
-        .args(args)
-        .current_dir(ROOT)
-        .output()
-        .expect("rebound runs")
-}
 
 /// The Markdown tables of `text`: each a header row and body rows of trimmed cells.
 fn tables(text: &str) -> Vec<(Vec<String>, Vec<Vec<String>>)> {

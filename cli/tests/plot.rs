@@ -1,29 +1,24 @@
 //! `rebound plot` and `rebound diff` as processes: the SVG parsed as XML, its bands and
 //! curve checked against the policy crate; the diff's exit code and JSON fields.
 
+mod common;
+
 use std::process::Command;
+
+use common::{ROOT, rebound};
 
 use rebound_policy::{PreparedPolicy, contention::simulate_contention, manifest, simulate};
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 const PAYMENTS: &str = "examples/policies/payments.yaml";
 const WEBHOOKS: &str = "examples/policies/webhooks.yaml";
 
 /// The policy of the first manifest in `file`, as the CLI builds it for the default namespace.
 fn policy_in(file: &str) -> PreparedPolicy {
-    let text = std::fs::read_to_string(format!("{ROOT}/{file}")).expect("file");
+    let text = common::read(file);
     let m = manifest::parse_manifests(&text).expect("manifests");
     let (_, params) = m[0].result.as_ref().expect("valid");
     let name = m[0].name.clone().expect("metadata.name");
     PreparedPolicy::new(format!("default/{name}"), params.clone())
-}
-
-fn rebound(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rebound"))
-        .args(args)
-        .current_dir(ROOT)
-        .output()
-        .expect("rebound runs")
 }
 
 #[test]

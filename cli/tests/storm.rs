@@ -1,20 +1,16 @@
 //! `rebound storm`: the JSON contract and that its figures are the policy crate's model.
 
-use std::process::Command;
+mod common;
+
+use common::{read, rebound};
 
 use rebound_policy::{PreparedPolicy, contention::simulate_contention, manifest};
 use serde_json::Value;
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 const FIXTURE: &str = "cli/tests/fixtures/storm.yaml";
 
 fn storm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rebound"))
-        .arg("storm")
-        .args(args)
-        .current_dir(ROOT)
-        .output()
-        .expect("rebound runs")
+    rebound(&[&["storm"], args].concat())
 }
 
 #[test]
@@ -41,7 +37,7 @@ fn json_figures_are_the_contention_model_of_each_policy() {
     assert_eq!(doc["writeMs"], 5);
     assert_eq!(doc["seed"], 3);
 
-    let text = std::fs::read_to_string(format!("{ROOT}/{FIXTURE}")).expect("fixture");
+    let text = read(FIXTURE);
     let manifests = manifest::parse_manifests(&text).expect("manifests");
     let policies = doc["policies"].as_array().expect("policies");
     assert_eq!(policies.len(), manifests.len());

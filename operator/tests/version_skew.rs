@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use common::*;
-use rebound_tests::{DedicatedCluster, FIELD_MANAGER, retry_policy_crd_file};
+use rebound_tests::DedicatedCluster;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -17,18 +17,7 @@ const WAIT: Duration = Duration::from_secs(60);
 async fn a_spec_field_from_a_newer_crd_does_not_make_the_policy_invalid() -> Result<()> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-version-skew");
     let cluster = tokio::task::spawn_blocking(move || DedicatedCluster::start(&dir)).await??;
-    let crd = cluster
-        .kubectl([
-            "create",
-            "--dry-run=client",
-            "-o",
-            "json",
-            "-f",
-            &retry_policy_crd_file().to_string_lossy(),
-        ])?
-        .ok()?
-        .stdout;
-    let mut crd: Value = serde_json::from_str(&crd).context("CRD as JSON")?;
+    let mut crd = cluster.retry_policy_crd()?;
     // A newer release's fields: one at the top of the spec, one inside backoff.
     let spec = crd
         .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties")
@@ -40,27 +29,7 @@ async fn a_spec_field_from_a_newer_crd_does_not_make_the_policy_invalid() -> Res
         .and_then(Value::as_object_mut)
         .context("backoff properties")?
         .insert("spread".to_owned(), json!({"type": "string"}));
-    cluster
-        .kubectl_stdin(
-            [
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                FIELD_MANAGER,
-                "-f",
-                "-",
-            ],
-            &crd.to_string(),
-        )?
-        .ok()?;
-    cluster
-        .kubectl([
-            "wait",
-            "--for=condition=Established",
-            "crd/retrypolicies.rebound.dev",
-        ])?
-        .ok()?;
+    cluster.apply_crd(&crd)?;
 
     let client = cluster.client().await?;
     let ns = cluster.create_namespace(&client, "op-skew").await?;

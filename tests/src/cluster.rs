@@ -276,6 +276,51 @@ impl Cluster {
         Ok(names)
     }
 
+    /// The RetryPolicy CRD of this checkout as JSON, to change before [`Cluster::apply_crd`]
+    /// (an older or newer release's schema).
+    pub fn retry_policy_crd(&self) -> Result<serde_json::Value> {
+        let out = self
+            .kubectl([
+                "create",
+                "--dry-run=client",
+                "-o",
+                "json",
+                "-f",
+                &crate::retry_policy_crd_file().to_string_lossy(),
+            ])?
+            .ok()?;
+        serde_json::from_str(&out.stdout).context("the CRD as JSON")
+    }
+
+    /// Applies `crd` (server-side, taking every field) and waits until it is Established.
+    pub fn apply_crd(&self, crd: &serde_json::Value) -> Result<()> {
+        self.kubectl_stdin(
+            [
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                FIELD_MANAGER,
+                "-f",
+                "-",
+            ],
+            &crd.to_string(),
+        )?
+        .ok()?;
+        let name = crd
+            .pointer("/metadata/name")
+            .and_then(serde_json::Value::as_str)
+            .context("the CRD has no name")?;
+        self.kubectl([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            &format!("crd/{name}"),
+        ])?
+        .ok()?;
+        Ok(())
+    }
+
     /// Path of the admin kubeconfig (embedded certificates).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

@@ -203,3 +203,61 @@ async fn a_fleet_keeps_its_membership_across_an_api_server_restart() -> Result<(
     drop(sidecars);
     Ok(())
 }
+
+/// A sidecar whose connection to the API server hangs silently (a proxy drops its packets,
+/// no RST) cannot renew its Lease: it says its membership is stale within 10 s and keeps
+/// the last one, its peer counts it out once its Lease expires, and both count two again
+/// within 5 s of the traffic returning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_connection_turns_membership_stale_and_back() -> Result<()> {
+    use rebound_tests::proxy::{Proxy, api_server_addr, kubeconfig_through};
+    let env = TestEnv::new("fleet-hang").await?;
+    create_configmap(&env.client, &env.namespace).await?;
+    let proxy = Proxy::start(api_server_addr(env.cluster)?).await?;
+    let tmp = tempfile::tempdir()?;
+    let through = kubeconfig_through(env.cluster, proxy.addr(), tmp.path())?;
+    let direct = Sidecar::spawn(env.cluster.kubeconfig(), &env.namespace, "w-direct", &[])?;
+    let hung = Sidecar::spawn(&through, &env.namespace, "w-hung", &[])?;
+    let (mut a, mut b) = (direct.connect().await?, hung.connect().await?);
+    for c in [&mut a, &mut b] {
+        wait_for(c, Duration::from_secs(30), |s| s.members == 2).await?;
+    }
+
+    let cut = Instant::now();
+    proxy.blackhole(true);
+    let mut noticed = None;
+    let mut counted_out = None;
+    while (noticed.is_none() || counted_out.is_none()) && cut.elapsed() < Duration::from_secs(20) {
+        let (sa, sb) = (scope(&mut a).await?, scope(&mut b).await?);
+        if noticed.is_none() && sb.stale {
+            ensure!(
+                sb.members == 2,
+                "the stale sidecar kept its last membership: {sb:?}"
+            );
+            noticed = Some(cut.elapsed());
+        }
+        if counted_out.is_none() && !sa.stale && sa.members == 1 {
+            counted_out = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("hang: stale after {noticed:?}, counted out by its peer after {counted_out:?}");
+    ensure!(
+        noticed.is_some_and(|t| t <= Duration::from_secs(10)),
+        "the hung sidecar said stale after {noticed:?}"
+    );
+    ensure!(counted_out.is_some(), "its peer still counts it");
+
+    tokio::time::sleep(Duration::from_secs(15).saturating_sub(cut.elapsed())).await;
+    proxy.blackhole(false);
+    let back = Instant::now();
+    wait_for(&mut b, Duration::from_secs(30), |s| s.members == 2).await?;
+    wait_for(&mut a, Duration::from_secs(30), |s| s.members == 2).await?;
+    let took = back.elapsed();
+    eprintln!("hang: both count two {took:?} after the traffic returned");
+    ensure!(
+        took <= Duration::from_secs(5),
+        "back after {took:?} (> 5 s)"
+    );
+    Ok(())
+}

@@ -350,43 +350,12 @@ pub async fn relaxed_cluster(dir: PathBuf) -> Result<rebound_tests::DedicatedClu
     }
     let cluster =
         tokio::task::spawn_blocking(move || rebound_tests::DedicatedCluster::start(&dir)).await??;
-    let crd = cluster
-        .kubectl([
-            "create",
-            "--dry-run=client",
-            "-o",
-            "json",
-            "-f",
-            &rebound_tests::retry_policy_crd_file().to_string_lossy(),
-        ])?
-        .ok()?
-        .stdout;
-    let mut crd: serde_json::Value = serde_json::from_str(&crd).context("CRD as JSON")?;
+    let mut crd = cluster.retry_policy_crd()?;
     strip_cel(&mut crd);
     if crd.to_string().contains("x-kubernetes-validations") {
         bail!("CEL rules left in the CRD");
     }
-    cluster
-        .kubectl_stdin(
-            [
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                rebound_tests::FIELD_MANAGER,
-                "-f",
-                "-",
-            ],
-            &crd.to_string(),
-        )?
-        .ok()?;
-    cluster
-        .kubectl([
-            "wait",
-            "--for=condition=Established",
-            "crd/retrypolicies.rebound.dev",
-        ])?
-        .ok()?;
+    cluster.apply_crd(&crd)?;
     Ok(cluster)
 }
 

@@ -226,6 +226,14 @@ fn a_real_prometheus_evaluates_the_rules_on_what_it_scrapes() -> Result<()> {
         "{}",
         stale[0]["labels"]
     );
+    // The description's template queried the operator's hash from this server.
+    ensure!(
+        stale[0]["annotations"]["description"]
+            == "Sidecar team-a/worker-1 has served configuration aaa for more than 10 minutes; \
+                the operator's current one for namespace team-a is bbb.",
+        "{}",
+        stale[0]["annotations"]
+    );
     ensure!(
         alerts
             .iter()

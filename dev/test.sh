@@ -37,6 +37,14 @@ export REBOUND_CLUSTER_STATE_DIR="$state"
 REBOUND_HELM="$(dev/build-helm.sh | tail -n 1)/helm"
 export REBOUND_HELM
 
+# Rules and alerts (monitoring/): promtool and prometheus from dev/build-prometheus.sh, the
+# rules checked and their unit tests run (tests/tests/monitoring.rs runs them too, with the
+# checks that every alert is tested and documented).
+prometheus_bin="$(dev/build-prometheus.sh | tail -n 1)"
+export REBOUND_PROMETHEUS_BIN_DIR="$prometheus_bin"
+"$prometheus_bin/promtool" check rules monitoring/rules.yaml
+"$prometheus_bin/promtool" test rules monitoring/tests/*.yaml
+
 # The images the node tests import, built before them (the tests rebuild nothing then).
 dev/build-images.sh >/dev/null
 

@@ -105,23 +105,21 @@ async fn every_rendering_passes_a_server_side_dry_run() -> Result<()> {
             )?
             .ok()?;
     }
-    let monitor_crd = repo_root().join("tests/fixtures/servicemonitor-crd.yaml");
-    env.cluster
-        .kubectl([
-            "apply",
-            "--server-side",
-            "-f",
-            &monitor_crd.to_string_lossy(),
-        ])?
-        .ok()?;
-    env.cluster
-        .kubectl([
-            "wait",
-            "--for=condition=Established",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "--timeout=60s",
-        ])?
-        .ok()?;
+    // The Prometheus Operator kinds ci/monitoring-values.yaml renders.
+    for kind in ["servicemonitor", "podmonitor", "prometheusrule"] {
+        let crd = repo_root().join(format!("tests/fixtures/{kind}-crd.yaml"));
+        env.cluster
+            .kubectl(["apply", "--server-side", "-f", &crd.to_string_lossy()])?
+            .ok()?;
+        env.cluster
+            .kubectl([
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{kind}s.monitoring.coreos.com"),
+                "--timeout=60s",
+            ])?
+            .ok()?;
+    }
 
     for chart in CHARTS {
         for values in matrix(chart)? {

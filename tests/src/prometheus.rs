@@ -1,0 +1,83 @@
+//! Prometheus and promtool for the monitoring tests: the binaries `dev/build-prometheus.sh`
+//! builds (or those in `REBOUND_PROMETHEUS_BIN_DIR`).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use crate::{CmdOutput, repo_root};
+
+/// The directory holding `prometheus` and `promtool`.
+#[derive(Debug)]
+pub struct PrometheusTools {
+    bin_dir: PathBuf,
+}
+
+static TOOLS: OnceLock<std::result::Result<PrometheusTools, String>> = OnceLock::new();
+
+impl PrometheusTools {
+    /// `REBOUND_PROMETHEUS_BIN_DIR` if set, else what `dev/build-prometheus.sh` prints (it
+    /// builds on first use).
+    pub fn get() -> Result<&'static PrometheusTools> {
+        TOOLS
+            .get_or_init(|| PrometheusTools::find().map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow!("promtool is not available: {e}"))
+    }
+
+    fn find() -> Result<PrometheusTools> {
+        let bin_dir = match std::env::var_os("REBOUND_PROMETHEUS_BIN_DIR") {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => {
+                let script = repo_root().join("dev/build-prometheus.sh");
+                let out = Command::new("bash")
+                    .arg(&script)
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .with_context(|| format!("could not run {}", script.display()))?;
+                if !out.status.success() {
+                    bail!("{} failed ({})", script.display(), out.status);
+                }
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let dir = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+                PathBuf::from(dir.trim())
+            }
+        };
+        for binary in ["prometheus", "promtool"] {
+            let path = bin_dir.join(binary);
+            if !path.is_file() {
+                bail!("{} does not exist", path.display());
+            }
+        }
+        Ok(PrometheusTools { bin_dir })
+    }
+
+    /// The prometheus server binary.
+    pub fn prometheus(&self) -> PathBuf {
+        self.bin_dir.join("prometheus")
+    }
+
+    /// Runs promtool with `args` in `dir`.
+    pub fn promtool<I, S>(&self, dir: &Path, args: I) -> Result<CmdOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let path = self.bin_dir.join("promtool");
+        let out = Command::new(&path)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("could not run {}", path.display()))?;
+        Ok(CmdOutput {
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}

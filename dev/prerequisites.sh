@@ -65,6 +65,10 @@ if [[ "$scope" == test ]]; then
     ! command -v rake >/dev/null 2>&1 || ! ruby -e 'require "grpc"; require "active_job"' >/dev/null 2>&1; then
     packages+=(ruby ruby-sidekiq ruby-activejob ruby-grpc ruby-grpc-tools rake)
   fi
+  # Its Prometheus counters' tests: prometheus-client-mmap (Debian packages no
+  # prometheus-client gem) and WEBrick, which serves them in the README's worker.
+  ruby -e 'require "prometheus/client"; require "webrick"' >/dev/null 2>&1 ||
+    packages+=(ruby-prometheus-client-mmap ruby-webrick)
   # The River adapter (clients/go): PostgreSQL (dev/postgres.sh) and protoc (the stubs'
   # drift test, clients/go/gen.sh).
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)

@@ -123,10 +123,32 @@ func (a Answer) Retry() bool { return a.Decision == pb.Decision_DECISION_RETRY }
 // Metrics are the client's counters since it was made.
 type Metrics struct {
 	Decisions struct{ Retry, GiveUpMaxAttempts, GiveUpDeadline, GiveUpNonRetryable int }
-	Fallback  struct {
+	// Sources counts the answers by who decided them.
+	Sources  struct{ Sidecar, Fallback int }
+	Fallback struct {
 		Total, Unavailable, DeadlineExceeded, NotFound, Other, DefaultPolicy int
+		// FromDefault counts the fallbacks of each cause decided by the default policy
+		// (the rest used the queue's cached policy).
+		FromDefault FallbackCauses
 	}
 	DeadLettered, Dropped, HookErrors int
+}
+
+// FallbackCauses counts fallbacks by the gRPC status of the failed call.
+type FallbackCauses struct{ Unavailable, DeadlineExceeded, NotFound, Other int }
+
+// add counts one fallback of cause.
+func (f *FallbackCauses) add(cause string) {
+	switch cause {
+	case "unavailable":
+		f.Unavailable++
+	case "deadline_exceeded":
+		f.DeadlineExceeded++
+	case "not_found":
+		f.NotFound++
+	default:
+		f.Other++
+	}
 }
 
 // TargetError is a malformed sidecar address, refused by New before any job runs.
@@ -365,19 +387,21 @@ func (c *Rebound) fallback(req *pb.DecideRequest, err error) Answer {
 		delete(c.policies, req.Queue)
 	}
 	cached, ok := c.policies[req.Queue]
-	c.metrics.Fallback.Total++
+	fb := &c.metrics.Fallback
+	fb.Total++
 	switch cause {
 	case "unavailable":
-		c.metrics.Fallback.Unavailable++
+		fb.Unavailable++
 	case "deadline_exceeded":
-		c.metrics.Fallback.DeadlineExceeded++
+		fb.DeadlineExceeded++
 	case "not_found":
-		c.metrics.Fallback.NotFound++
+		fb.NotFound++
 	default:
-		c.metrics.Fallback.Other++
+		fb.Other++
 	}
 	if !ok {
-		c.metrics.Fallback.DefaultPolicy++
+		fb.DefaultPolicy++
+		fb.FromDefault.add(cause)
 	}
 	logKey := req.Queue + "\x00" + cause
 	shouldLog := time.Since(c.lastLog[logKey]) >= logEvery
@@ -419,6 +443,11 @@ func (c *Rebound) fallback(req *pb.DecideRequest, err error) Answer {
 func (c *Rebound) count(a Answer) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if a.Source == SourceSidecar {
+		c.metrics.Sources.Sidecar++
+	} else {
+		c.metrics.Sources.Fallback++
+	}
 	d := &c.metrics.Decisions
 	switch {
 	case a.Retry():

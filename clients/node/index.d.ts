@@ -100,6 +100,17 @@ export interface ReboundOptions {
   dropRemoves?: boolean;
   /** Structured logger (pino-style); `false` silences. Default: JSON lines on stderr. */
   logger?: Logger | false;
+  /**
+   * The application's prom-client `Registry`: the hooks count `rebound_adapter_*` into it
+   * (README "Metrics"). Default none: nothing is registered.
+   */
+  registry?: PromRegistry;
+}
+
+/** What the adapter uses of a prom-client `Registry` (prom-client is an optional peer). */
+export interface PromRegistry {
+  getSingleMetric(name: string): unknown;
+  registerMetric(metric: any): void;
 }
 
 export interface Metrics {
@@ -281,7 +292,7 @@ export class Rebound extends EventEmitter {
   prefetch(queues: string | string[]): Promise<void>;
   /** Asks the sidecar (falls back locally); never rejects. */
   /** `record: false`: a look ahead, neither counted nor emitted. */
-  decide(failure: Failure, opts?: { record?: boolean }): Promise<Answer>;
+  decide(failure: Failure, opts?: { record?: boolean; adapter?: 'bullmq' | 'bull' }): Promise<Answer>;
   /** The cached policy of a queue (fetching it when absent); null when none is known. */
   policy(queue: string): Promise<{ policy: PolicyRef; resolved: ResolvedPolicy } | null>;
   metrics(): Metrics;

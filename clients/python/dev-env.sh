@@ -6,6 +6,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${1:-$here/../../.state/py-venv}"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "$here[test]" >&2
+# [metrics]: prometheus_client, for the tests of the adapter's Prometheus counters.
+"$venv/bin/pip" install -q --disable-pip-version-check "$here[test,metrics]" >&2
 "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$here" >&2
 cd "$venv" && pwd

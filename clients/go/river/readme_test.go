@@ -5,16 +5,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
 )
@@ -47,9 +54,16 @@ func TestReadmeQuickStartAsPasted(t *testing.T) {
 	}
 	text := string(raw)
 	sh, code, sqls := blocks(text, "sh"), blocks(text, "go"), blocks(text, "sql")
+	metricsCode := ""
+	replay := false
+	for _, c := range code {
+		if strings.HasPrefix(c, "// metrics/main.go") {
+			metricsCode = c
+		}
+		replay = replay || strings.Contains(c, "reboundriver.Replay(ctx, client, deadLetterID)")
+	}
 	if len(sh) < 2 || !strings.HasPrefix(sh[0], "mkdir rebound-quickstart") || sh[1] != "go mod tidy\ngo run .\n" ||
-		!strings.Contains(code[0], "package main") || len(sqls) != 1 || len(code) < 2 ||
-		!strings.Contains(code[1], "reboundriver.Replay(ctx, client, deadLetterID)") {
+		!strings.Contains(code[0], "package main") || len(sqls) != 1 || !replay || metricsCode == "" {
 		t.Fatalf("README blocks changed: sh %q", sh)
 	}
 
@@ -160,6 +174,67 @@ func TestReadmeQuickStartAsPasted(t *testing.T) {
 	if len(found) != len(cancelled) || (len(found) > 0 && !equal(found, cancelled)) {
 		t.Fatalf("README query found dead letters of %v, the quick start gave up %v", found, cancelled)
 	}
+
+	// The Metrics section's program, in the quick start's module: the contract's 13 series
+	// of adapter="river", scraped and parsed as Prometheus would.
+	if err := os.MkdirAll(filepath.Join(app, "metrics"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "metrics", "main.go"), []byte(metricsCode), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(app, "go mod tidy && go build -o metrics-bin ./metrics")
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	cmd := exec.Command(filepath.Join(app, "metrics-bin"))
+	cmd.Env = append(env, "METRICS_ADDR="+addr)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var families map[string]*dto.MetricFamily
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := http.Get("http://" + addr + "/metrics")
+		if err == nil {
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			families, err = parser.TextToMetricFamilies(res.Body)
+			res.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics endpoint: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	series := map[string]int{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "adapter" && l.GetValue() == "river" && f.GetType() == dto.MetricType_COUNTER {
+					series[name]++
+				}
+			}
+		}
+	}
+	want := map[string]int{"rebound_adapter_decisions_total": 2, "rebound_adapter_fallbacks_total": 8,
+		"rebound_adapter_terminal_total": 2, "rebound_adapter_hook_errors_total": 1}
+	if !reflect.DeepEqual(series, want) {
+		t.Fatalf("scraped series %v, want %v", series, want)
+	}
+}
+
+// freePort is a TCP port on 127.0.0.1 that nothing listens on right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 func equal(a, b []int64) bool {

@@ -43,7 +43,7 @@ function createBullAdapter(rebound) {
         redis: { host, port, db, password, username, path, tls, family },
         prefix: queue.keyPrefix,
       });
-      q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e));
+      q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e, 'bull'));
       deadLetterQueues.set(id, q);
     }
     return q;
@@ -56,6 +56,7 @@ function createBullAdapter(rebound) {
       [BACKOFF_TYPE]: (attemptsMade, err, options) => {
         const jobId = options && options.jobId !== undefined ? String(options.jobId) : '';
         return runHook(rebound, {
+        adapter: 'bull',
           queue: queue.name,
           jobId,
           attemptsMade,
@@ -102,16 +103,16 @@ function createBullAdapter(rebound) {
     // no such count): a stalled run that was started again counts as a run.
     queue.on('active', (job) => {
       if (!job || job.id === undefined) return;
-      countStart(queue.client, queue.toKey(job.id), randomUUID()).catch((e) => rebound.hookError(queue.name, String(job.id), 'starts', e));
+      countStart(queue.client, queue.toKey(job.id), randomUUID()).catch((e) => rebound.hookError(queue.name, String(job.id), 'starts', e, 'bull'));
     });
     // Bull emits 'failed' on the worker right after its move-to-failed script ran.
     queue.on('failed', (job) => {
       const id = String(job.id);
       if (!drops.delete(id)) return;
-      job.remove().catch((e) => rebound.hookError(queue.name, id, 'drop', e));
+      job.remove().catch((e) => rebound.hookError(queue.name, id, 'drop', e, 'bull'));
     });
     // The queue's policy now, before any job fails (the fallback's copy during an outage).
-    rebound.prefetch(queue.name);
+    rebound.prefetch(queue.name, 'bull');
     return queue;
   }
 

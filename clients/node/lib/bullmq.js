@@ -73,7 +73,7 @@ function createBullMQAdapter(rebound) {
     if (!q) {
       const { Queue } = requireApp('bullmq');
       q = new Queue(name, { connection: opts.connection, prefix: opts.prefix });
-      q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e));
+      q.on('error', (e) => rebound.hookError(name, '', 'deadLetterQueue', e, 'bullmq'));
       deadLetterQueues.set(id, q);
     }
     return q;
@@ -111,7 +111,7 @@ function createBullMQAdapter(rebound) {
         try {
           written = Boolean(marker && marker.deadLetterQueue && marker.id && (await deadLetterQueue(job, marker.deadLetterQueue).getJob(marker.id)));
         } catch (e) {
-          rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e); // unknown: still pending
+          rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e, 'bullmq'); // unknown: still pending
         }
         if (!written) return text;
         pendingHere.delete(here);
@@ -133,6 +133,7 @@ function createBullMQAdapter(rebound) {
   async function backoffStrategy(attemptsMade, type, err, job) {
     const hash = jobHash(job);
     return runHook(rebound, {
+      adapter: 'bullmq',
       queue: job && job.queueName,
       jobId: job && job.id,
       attemptsMade,
@@ -204,7 +205,7 @@ function createBullMQAdapter(rebound) {
       try {
         pending = hash ? await withTimeout(pendingGiveUp(job, hash).get(), REDIS_TIMEOUT_MS, 'pending give-up') : null;
       } catch (e) {
-        rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e);
+        rebound.hookError(job.queueName, String(job.id), 'pendingGiveUp', e, 'bullmq');
       }
       if (pending) {
         let message;
@@ -235,7 +236,7 @@ function createBullMQAdapter(rebound) {
    * policies now, as the Worker is created (before any job fails), for the fallback.
    */
   function settings(queues) {
-    if (queues !== undefined) rebound.prefetch(queues);
+    if (queues !== undefined) rebound.prefetch(queues, 'bullmq');
     return { backoffStrategy };
   }
 

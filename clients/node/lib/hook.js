@@ -112,7 +112,7 @@ async function readPending(rebound, spec, queue, jobId) {
     const marker = JSON.parse(text);
     return marker && marker.id && marker.deadLetterQueue && marker.payload ? marker : null;
   } catch (e) {
-    rebound.hookError(queue, jobId, 'pendingGiveUp', e);
+    rebound.hookError(queue, jobId, 'pendingGiveUp', e, spec.adapter);
     return null;
   }
 }
@@ -130,7 +130,7 @@ async function settleGiveUp(rebound, spec, queue, jobId, attempt, marker) {
       if (held === false) {
         // A run that outlived its lock (a paused worker): the job was taken back and another
         // run decides. The library refuses this run's result too.
-        rebound.hookError(queue, jobId, 'lockLost', new Error('the job is no longer this run\'s: no dead letter from it'));
+        rebound.hookError(queue, jobId, 'lockLost', new Error('the job is no longer this run\'s: no dead letter from it'), spec.adapter);
         return -1;
       }
     }
@@ -138,24 +138,24 @@ async function settleGiveUp(rebound, spec, queue, jobId, attempt, marker) {
     // success and the retry make one dead letter).
     await withTimeout(Promise.resolve(spec.deadLetter(marker.deadLetterQueue, marker.id, marker.payload)), DEAD_LETTER_TIMEOUT_MS, 'dead-letter write');
   } catch (e) {
-    rebound.hookError(queue, jobId, 'deadLetter', e);
+    rebound.hookError(queue, jobId, 'deadLetter', e, spec.adapter);
     if (spec.pending) {
       try {
         await withTimeout(Promise.resolve(spec.pending.set(JSON.stringify(marker))), REDIS_TIMEOUT_MS, 'pending give-up');
       } catch (e2) {
-        rebound.hookError(queue, jobId, 'pendingGiveUp', e2);
+        rebound.hookError(queue, jobId, 'pendingGiveUp', e2, spec.adapter);
       }
     }
-    return rebound.pendingDelayMs(queue, jobId, attempt);
+    return rebound.pendingDelayMs(queue, jobId, attempt, spec.adapter);
   }
   if (spec.pending) {
     try {
       await withTimeout(Promise.resolve(spec.pending.clear()), REDIS_TIMEOUT_MS, 'pending give-up');
     } catch (e) {
-      rebound.hookError(queue, jobId, 'pendingGiveUp', e);
+      rebound.hookError(queue, jobId, 'pendingGiveUp', e, spec.adapter);
     }
   }
-  rebound.counters.deadLettered++;
+  rebound.terminal(spec.adapter, 'dead_letter');
   rebound.safeEmit('deadLetter', {
     queue,
     jobId,
@@ -169,7 +169,8 @@ async function settleGiveUp(rebound, spec, queue, jobId, attempt, marker) {
 
 /**
  * Runs one hook call. Never rejects: every problem is absorbed, counted and logged.
- * spec: { queue, jobId, attemptsMade, stalledRuns(failures) → number | Promise<number>, err,
+ * spec: { adapter (bullmq, bull: the Prometheus label), queue, jobId, attemptsMade,
+ *         stalledRuns(failures) → number | Promise<number>, err,
  *         name, data, redis, deadLetter(dlq, jobId, payload), drop(answer) → removed:boolean,
  *         giveUpId() → string (identifies this give-up), pending: { get, set, clear } (the
  *         job hash's PENDING_FIELD), lockHeld() → boolean (this run still holds the job) }
@@ -190,7 +191,7 @@ async function runHook(rebound, spec) {
       const stalled = spec.stalledRuns ? Number(await withTimeout(Promise.resolve(spec.stalledRuns(attempt)), REDIS_TIMEOUT_MS, 'stalled runs')) : 0;
       if (Number.isInteger(stalled) && stalled > 0) attempt = normaliseAttempt(attempt + stalled);
     } catch (e) {
-      rebound.hookError(queue, jobId, 'stalledRuns', e);
+      rebound.hookError(queue, jobId, 'stalledRuns', e, spec.adapter);
     }
     if (notRun) attempt = normaliseAttempt(attempt - 1);
     if (spec.err && spec.err.pendingGiveUp === true) {
@@ -208,17 +209,17 @@ async function runHook(rebound, spec) {
         ff = await withTimeout(firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now), REDIS_TIMEOUT_MS, 'first failure');
       }
     } catch (e) {
-      rebound.hookError(queue, jobId, 'firstFailure', e);
+      rebound.hookError(queue, jobId, 'firstFailure', e, spec.adapter);
     }
-    const errorClass = spec.err instanceof WorkerLostError ? spec.err.name : rebound.errorClassOf(spec.err);
+    const errorClass = spec.err instanceof WorkerLostError ? spec.err.name : rebound.errorClassOf(spec.err, spec.adapter);
     const answer = await rebound.decide({
       queue,
       attempt,
       jobId,
       errorClass,
       firstFailureUnixMs: ff,
-      retryAfterMs: rebound.retryAfterOf(spec.err),
-    });
+      retryAfterMs: rebound.retryAfterOf(spec.err, spec.adapter),
+    }, { adapter: spec.adapter });
     if (answer.decision === 'DECISION_RETRY') return answer.delayMs;
 
     forget(rebound.firstFailures, memKey);
@@ -231,7 +232,7 @@ async function runHook(rebound, spec) {
         try {
           giveUp = spec.giveUpId ? await withTimeout(Promise.resolve(spec.giveUpId()), REDIS_TIMEOUT_MS, 'give-up id') : undefined;
         } catch (e) {
-          rebound.hookError(queue, jobId, 'giveUpId', e);
+          rebound.hookError(queue, jobId, 'giveUpId', e, spec.adapter);
           giveUp = `a${normaliseAttempt(spec.attemptsMade)}`;
         }
         marker = {
@@ -264,16 +265,16 @@ async function runHook(rebound, spec) {
     try {
       removed = remove ? await spec.drop(answer) : false;
     } catch (e) {
-      rebound.hookError(queue, jobId, 'drop', e);
+      rebound.hookError(queue, jobId, 'drop', e, spec.adapter);
     }
-    rebound.counters.dropped++;
+    rebound.terminal(spec.adapter, 'drop');
     rebound.safeEmit('drop', { queue, jobId, key: jobId, reason: answer.reason, removed });
     return -1;
   } catch (e) {
     // A fault in the adapter itself: still the policy's answer (computed locally), never
     // the library's own retries and never an exception out of the hook.
-    rebound.hookError(queue, jobId, 'hook', e);
-    const answer = rebound.localAnswer({ queue, attempt, jobId }, e);
+    rebound.hookError(queue, jobId, 'hook', e, spec.adapter);
+    const answer = rebound.localAnswer({ queue, attempt, jobId }, e, spec.adapter);
     return answer.decision === 'DECISION_RETRY' ? answer.delayMs : -1;
   }
 }

@@ -7,6 +7,7 @@ const crypto = require('node:crypto');
 const { EventEmitter } = require('node:events');
 const { AdvisorClient, resolvedFromWire, policyRefFromWire, grpc } = require('./client');
 const { PreparedPolicy, decidePrepared, delayForRetry, draws } = require('./decide');
+const { AdapterMetrics, NO_METRICS } = require('./metrics');
 
 /** Above every valid maxAttempts (10000), so the job library's own limit never decides. */
 const LIBRARY_ATTEMPTS = 10001;
@@ -181,6 +182,8 @@ class ReboundCore extends EventEmitter {
     this.dropRemoves = options.dropRemoves ?? false;
     this.logger = options.logger === false ? SILENT : options.logger || jsonLogger();
     this.defaultPrepared = new PreparedPolicy(options.defaultPolicy || DEFAULT_POLICY, DEFAULT_IDENTITY);
+    /** The `rebound_adapter_*` counters, in the application's prom-client Registry if given. */
+    this.prom = options.registry === undefined || options.registry === null ? NO_METRICS : new AdapterMetrics(options.registry);
     this.client = new AdvisorClient(this.target, this.deadlineMs, fromEnv ? 'REBOUND_TARGET' : 'target');
     /** Prefetched queues whose GetPolicy could not reach the sidecar: fetched again on reconnect. */
     this.unfetched = new Set();
@@ -216,28 +219,30 @@ class ReboundCore extends EventEmitter {
     }
   }
 
-  hookError(queue, jobId, where, error) {
+  /** `adapter` (bullmq, bull) labels the Prometheus count; none for the application's own calls. */
+  hookError(queue, jobId, where, error, adapter) {
     this.counters.hookErrors++;
+    if (adapter) this.prom.hookError(adapter);
     this.logger.error({ event: 'rebound.hook_error', queue, jobId, where, error: String(error && error.message) }, 'hook problem absorbed');
     this.safeEmit('hookError', { queue, jobId, where, error });
   }
 
-  errorClassOf(err) {
+  errorClassOf(err, adapter) {
     try {
       const c = this.mapErrorClass(err);
       return typeof c === 'string' && c !== '' ? c : undefined;
     } catch (e) {
-      this.hookError('', '', 'errorClass', e);
+      this.hookError('', '', 'errorClass', e, adapter);
       return undefined;
     }
   }
 
-  retryAfterOf(err) {
+  retryAfterOf(err, adapter) {
     try {
       const v = this.mapRetryAfter(err);
       return typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : undefined;
     } catch (e) {
-      this.hookError('', '', 'retryAfterMs', e);
+      this.hookError('', '', 'retryAfterMs', e, adapter);
       return undefined;
     }
   }
@@ -245,8 +250,10 @@ class ReboundCore extends EventEmitter {
   /**
    * Asks the sidecar; answers from the fallback when it cannot. Never rejects. With
    * `record: false` the answer is neither counted nor emitted (a look ahead, not a decision).
+   * `adapter` (bullmq, bull: the hook that asks) labels the Prometheus counters; an answer
+   * without it is counted in metrics() only.
    */
-  async decide(failure, { record = true } = {}) {
+  async decide(failure, { record = true, adapter } = {}) {
     let f;
     try {
       f = normaliseFailure(failure);
@@ -281,10 +288,10 @@ class ReboundCore extends EventEmitter {
       const cached = this.policies.get(f.queue);
       if (!cached || cached.ref.configHash !== answer.policy.configHash) this.refresh(f.queue);
     } catch (err) {
-      answer = this.fallback(f, err, record);
+      answer = this.fallback(f, err, record, adapter);
     }
     if (record) {
-      this.count(answer);
+      this.count(answer, adapter);
       this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
     }
     return answer;
@@ -295,20 +302,20 @@ class ReboundCore extends EventEmitter {
    * written: the queue's curve at `attempt` (cached policy, else the default), with the
    * job's own jitter, so the sidecar's and the fallback's schedules stay one.
    */
-  pendingDelayMs(queue, jobId, attempt) {
+  pendingDelayMs(queue, jobId, attempt, adapter) {
     const cached = this.policies.get(queue);
     const prepared = cached ? cached.prepared : this.defaultPrepared;
     try {
       const id = jobId === '' ? undefined : jobId;
       return Math.max(1, delayForRetry(prepared.params, normaliseAttempt(attempt), null, draws(id, prepared.identitySeed)));
     } catch (e) {
-      this.hookError(queue, jobId, 'pendingDelay', e);
+      this.hookError(queue, jobId, 'pendingDelay', e, adapter);
       return LAST_RESORT_DELAY_MS;
     }
   }
 
   /** The local answer: the cached policy, else the default. */
-  fallback(f, err, record = true) {
+  fallback(f, err, record = true, adapter = undefined) {
     const cause = causeOf(err);
     const code = err && typeof err.code === 'number' ? err.code : null;
     if (cause === 'not_found') this.policies.delete(f.queue);
@@ -324,7 +331,7 @@ class ReboundCore extends EventEmitter {
         retryAfterMs: f.retryAfterMs,
       });
     } catch (e) {
-      this.hookError(f.queue, f.jobId ?? '', 'fallback', e);
+      this.hookError(f.queue, f.jobId ?? '', 'fallback', e, adapter);
       answer = {
         decision: 'DECISION_RETRY',
         delayMs: LAST_RESORT_DELAY_MS,
@@ -345,6 +352,7 @@ class ReboundCore extends EventEmitter {
     fb.total++;
     fb[cause]++;
     if (!cached) fb.default_policy++;
+    if (adapter) this.prom.fallback(adapter, cause, answer.policySource);
     // The status message tells "not listening" from "listening, no configuration loaded yet".
     const details = err && typeof err.details === 'string' ? err.details : String((err && err.message) || '');
     const event = { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, cause, code, details, policySource: answer.policySource };
@@ -362,23 +370,31 @@ class ReboundCore extends EventEmitter {
   }
 
   /** A fallback answer without asking the sidecar (a fault inside the adapter). Never throws. */
-  localAnswer(failure, error) {
+  localAnswer(failure, error, adapter) {
     let f;
     try {
       f = normaliseFailure(failure);
     } catch {
       f = { queue: String(failure && failure.queue), attempt: 1 };
     }
-    const answer = this.fallback(f, error);
-    this.count(answer);
+    const answer = this.fallback(f, error, true, adapter);
+    this.count(answer, adapter);
     this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
     return answer;
   }
 
-  count(answer) {
+  count(answer, adapter) {
+    if (adapter) this.prom.decision(adapter, answer.source);
     const d = this.counters.decisions;
     if (answer.decision === 'DECISION_RETRY') d.retry++;
     else if (OUTCOME[answer.reason]) d[OUTCOME[answer.reason]]++;
+  }
+
+  /** A job the hook of `adapter` finished: `dead_letter` or `drop`. */
+  terminal(adapter, disposition) {
+    if (disposition === 'dead_letter') this.counters.deadLettered++;
+    else this.counters.dropped++;
+    if (adapter) this.prom.terminalJob(adapter, disposition);
   }
 
   noteQueue(queue) {
@@ -424,12 +440,12 @@ class ReboundCore extends EventEmitter {
    * target and fetches again as soon as the sidecar is back. Never rejects; resolves once
    * every queue was asked once.
    */
-  async prefetch(queues) {
+  async prefetch(queues, adapter) {
     try {
       await this.prefetchQueues(queues);
     } catch (e) {
       // A logger that throws, say: never an unhandled rejection out of Worker creation.
-      this.hookError('', '', 'prefetch', e);
+      this.hookError('', '', 'prefetch', e, adapter);
     }
   }
 

@@ -14,6 +14,9 @@ Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 R = Redis.new(url: ENV.fetch("REDIS_URL"))
 Sidekiq.death_handlers << ->(job, ex) { R.set("death:#{job["jid"]}", ex.class.name) }
 Rebound::Sidekiq.on_dead_letter { |m| R.rpush("dead:#{m["key"]}", JSON.generate(m)) }
+# The adapter's Prometheus counters (metrics_test.rb): prometheus-client-mmap keeps them in
+# files under prometheus_multiproc_dir, which the test reads back.
+Rebound::Metrics.enable if ENV["prometheus_multiproc_dir"]
 
 class CodedError < StandardError
   attr_reader :code

@@ -4,6 +4,7 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const Bull = require('bull');
+const { Registry } = require('prom-client');
 const { decideLocal } = require('../..');
 const { Stack, Events, retryPolicy } = require('./harness');
 const { startWorker } = require('./fixtures/worker');
@@ -14,6 +15,8 @@ let stack;
 let worker;
 const events = new Events();
 const queues = {};
+/** The application's registry: the Bull hook counts rebound_adapter_* here, as adapter="bull". */
+const registry = new Registry();
 
 before(async () => {
   stack = await Stack.start('bull');
@@ -39,7 +42,7 @@ before(async () => {
     }),
   ].join('\n---\n'));
   worker = await startWorker(
-    { lib: 'bull', redisUrl: stack.redisUrl, target: stack.sidecar.tcp, queues: QUEUES, concurrency: 4 },
+    { lib: 'bull', redisUrl: stack.redisUrl, target: stack.sidecar.tcp, queues: QUEUES, concurrency: 4, rebound: { registry } },
     events.push,
   );
   for (const q of [...QUEUES, 'bull-dead']) queues[q] = new Bull(q, stack.redisUrl);
@@ -119,4 +122,21 @@ test('bull: a drop policy leaves the job in the failed set', async () => {
   assert.equal(drop.reason, 'GIVE_UP_REASON_MAX_ATTEMPTS');
   assert.equal(drop.removed, false);
   assert.equal(events.of('deadLetter', key).length, 0);
+});
+
+test('bull: the Prometheus counters say what the events say, as adapter="bull"', async () => {
+  const series = (await registry.getMetricsAsJSON()).flatMap((m) => m.values.map((v) => ({ name: m.name, ...v })));
+  const value = (name, labels) => {
+    const v = series.find((x) => x.name === name && Object.entries(labels).every(([k, want]) => x.labels[k] === want));
+    return v ? v.value : undefined;
+  };
+  assert.ok(series.length > 0 && series.every((x) => x.labels.adapter === 'bull'), 'only adapter="bull" series');
+  const decisions = events.of('decision');
+  assert.ok(decisions.length > 0);
+  assert.equal(value('rebound_adapter_decisions_total', { source: 'sidecar' }), decisions.filter((d) => d.source === 'sidecar').length);
+  assert.equal(value('rebound_adapter_decisions_total', { source: 'fallback' }), decisions.filter((d) => d.source === 'fallback').length);
+  assert.equal(value('rebound_adapter_terminal_total', { disposition: 'dead_letter' }), events.of('deadLetter').length);
+  assert.equal(value('rebound_adapter_terminal_total', { disposition: 'drop' }), events.of('drop').length);
+  assert.ok(events.of('drop').length > 0 && events.of('deadLetter').length > 0, 'both dispositions happened');
+  assert.equal(value('rebound_adapter_hook_errors_total', {}), events.of('hookError').length);
 });

@@ -6,6 +6,7 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const { Queue } = require('bullmq');
+const { Registry } = require('prom-client');
 const { Stack, Events, retryPolicy, sleep, waitFor } = require('./harness');
 const { startWorker, redisConnection } = require('./fixtures/worker');
 
@@ -17,6 +18,15 @@ let worker;
 let queue;
 let dead;
 const events = new Events();
+/** The application's registry: the adapter's rebound_adapter_* counters land here. */
+const registry = new Registry();
+
+/** The value of one series of `name` in the registry (prom-client's own API), 0 if absent. */
+async function sample(name, labels) {
+  const metric = (await registry.getMetricsAsJSON()).find((m) => m.name === name);
+  const v = metric && metric.values.find((x) => Object.entries(labels).every(([k, want]) => x.labels[k] === want));
+  return v ? v.value : 0;
+}
 
 before(async () => {
   stack = await Stack.start('failover');
@@ -30,7 +40,7 @@ before(async () => {
   queue = new Queue(QUEUE, { connection: redisConnection(stack.redisUrl) });
   dead = new Queue('flaky-dead', { connection: redisConnection(stack.redisUrl) });
   worker = await startWorker(
-    { lib: 'bullmq', redisUrl: stack.redisUrl, target: stack.sidecar.tcp, queues: [QUEUE], concurrency: 8 },
+    { lib: 'bullmq', redisUrl: stack.redisUrl, target: stack.sidecar.tcp, queues: [QUEUE], concurrency: 8, rebound: { registry } },
     events.push,
   );
 });
@@ -84,8 +94,22 @@ test('sidecar killed mid-run: fallback answers equal the sidecar, nothing stuck 
     return true;
   });
 
-  // Every fallback answer is the answer the sidecar gives for the same failure.
+  // The Prometheus counters say what the events say: who answered, why the fallback did,
+  // from which policy, and the dead letters.
   const fallbackAnswers = events.of('decision').filter((d) => d.source === 'fallback');
+  const adapter = 'bullmq';
+  const sidecarAnswers = events.of('decision').filter((d) => d.source === 'sidecar').length;
+  assert.equal(await sample('rebound_adapter_decisions_total', { adapter, source: 'sidecar' }), sidecarAnswers);
+  assert.equal(await sample('rebound_adapter_decisions_total', { adapter, source: 'fallback' }), fallbackAnswers.length);
+  const unavailableCached = events.of('fallback').filter((f) => f.cause === 'unavailable' && f.policySource === 'cached').length;
+  assert.ok(unavailableCached > 0, 'the killed sidecar is unreachable');
+  assert.equal(await sample('rebound_adapter_fallbacks_total', { adapter, reason: 'unavailable', policy_source: 'cached' }), unavailableCached);
+  assert.equal(await sample('rebound_adapter_fallbacks_total', { adapter, reason: 'unavailable', policy_source: 'default' }), 0);
+  assert.equal(await sample('rebound_adapter_terminal_total', { adapter, disposition: 'dead_letter' }), keys.filter((_, i) => i % 5 === 4).length);
+  assert.equal(await sample('rebound_adapter_terminal_total', { adapter, disposition: 'drop' }), 0);
+  assert.equal(await sample('rebound_adapter_hook_errors_total', { adapter }), 0);
+
+  // Every fallback answer is the answer the sidecar gives for the same failure.
   assert.ok(fallbackAnswers.length >= 20);
   for (const f of fallbackAnswers) {
     const a = await worker.rebound.decide({ queue: QUEUE, attempt: f.attempt, jobId: f.jobId, errorClass: 'TransientError' });

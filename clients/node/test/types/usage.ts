@@ -2,6 +2,7 @@
 // API type-check against index.d.ts, and wrong uses do not.
 import { Queue, Worker, type Job } from 'bullmq';
 import Bull from 'bull';
+import { Registry } from 'prom-client';
 import { Rebound, createRebound, keyOf, decideLocal, DEFAULT_POLICY, LIBRARY_ATTEMPTS, type Answer, type DeadLetter } from '@rebound-dev/node';
 
 async function main(): Promise<void> {
@@ -15,6 +16,8 @@ async function main(): Promise<void> {
     dropRemoves: true,
     logger: false,
   });
+  const metered = createRebound({ registry: new Registry() });
+  await metered.close();
   const connection = { host: '127.0.0.1', port: 6379 };
   const queue = new Queue('webhooks', { connection });
   const worker = new Worker('webhooks', async (job) => keyOf(job), { connection, settings: rebound.bullmq.settings('webhooks') });

@@ -58,6 +58,7 @@ test('install as the README says (npm pack, the tarball), and a later plain npm 
   assert.ok(install, 'an install block before the quick start');
   sh(install.code.replaceAll('/path/to/rebound', REPO));
   sh('npm install bull'); // the README's Bull 4 snippet below
+  sh('npm install prom-client'); // the README's Metrics snippet
   sh('npm install'); // a plain install later on: the package must survive it
   const installed = path.join(app, 'node_modules', '@rebound-dev', 'node');
   assert.equal(fs.lstatSync(installed).isSymbolicLink(), false, 'a copy, not a symlink to the repository');
@@ -117,7 +118,63 @@ async function checkWorker(block, stateOf) {
   }
 }
 
+/** A TCP port on 127.0.0.1 that nothing listens on right now. */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = require('node:net').createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** GET http://127.0.0.1:port/metrics, parsed: { 'name{a="x",...}': value } with labels in exposition order. */
+function scrape(port) {
+  return new Promise((resolve, reject) => {
+    http
+      .get({ host: '127.0.0.1', port, path: '/metrics' }, (res) => {
+        let text = '';
+        res.on('data', (d) => (text += d));
+        res.on('end', () => {
+          const out = {};
+          for (const line of text.split('\n')) {
+            const m = /^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+)$/.exec(line);
+            if (m) out[`${m[1]}${m[2] || ''}`] = Number(m[3]);
+          }
+          resolve(out);
+        });
+      })
+      .on('error', reject);
+  });
+}
+
 const CHECKS = {
+  'metrics.js': async (block) => {
+    const redis = startRedis();
+    const server = await startAdvisor({ decide: threeThenDrop });
+    const port = await freePort();
+    const run = runBlock(block, { REDIS_PORT: String(redis.connection.port), REBOUND_TARGET: server.target, METRICS_PORT: String(port) });
+    try {
+      // Three answers from the sidecar, the third a drop: counted in the served registry.
+      const s = await eventually(async () => {
+        const got = await scrape(port).catch(() => ({}));
+        return got['rebound_adapter_terminal_total{adapter="bullmq",disposition="drop"}'] === 1 && got;
+      }, 30000, 'the drop counted').catch((e) => {
+        throw new Error(`${e.message}\n${run.stderr}`);
+      });
+      assert.equal(s['rebound_adapter_decisions_total{adapter="bullmq",source="sidecar"}'], 3);
+      assert.equal(s['rebound_adapter_decisions_total{adapter="bullmq",source="fallback"}'], 0);
+      assert.equal(s['rebound_adapter_hook_errors_total{adapter="bullmq"}'], 0);
+      run.child.kill('SIGINT');
+      assert.deepEqual(await run.exited, { code: 0, signal: null }, run.stderr);
+    } finally {
+      run.child.kill('SIGKILL');
+      await server.close();
+      redis.stop();
+    }
+  },
   'worker.js': (block) =>
     checkWorker(block, async (redis, key) => {
       const q = new Queue('webhooks', { connection: redis.connection });

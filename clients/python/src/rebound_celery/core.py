@@ -20,6 +20,7 @@ import grpc
 from ._pb import advisor_pb2 as pb
 from .client import AdvisorClient, TargetError, answer_from_wire, resolved_from_wire
 from .decide import PreparedPolicy, backoff_delay, decide_prepared
+from . import metrics
 
 def _load_default():
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default-policy.json"), "rb") as f:
@@ -54,6 +55,12 @@ def _log(level, event, **fields):
             logger.log(lvl, "%s", json.dumps({"event": event, "pid": os.getpid(), **fields}, default=str))
     except Exception:  # a logger must never break the retry path
         pass
+
+
+def _hook_error(event, **fields):
+    """A fault the adapter absorbed: an error line and ``rebound_adapter_hook_errors_total``."""
+    metrics.hook_error()
+    _log("error", event, **fields)
 
 
 def _truncate_utf8(text, limit):
@@ -137,8 +144,10 @@ class Rebound:
             self.counters[group][key] = self.counters[group].get(key, 0) + 1
 
     def count_disposition(self, which):
+        """``dead_lettered`` or ``dropped``: a job this adapter finished."""
         with self._lock:
             self.counters[which] += 1
+        metrics.terminal("dead_letter" if which == "dead_lettered" else "drop")
 
     def metrics(self):
         with self._lock:
@@ -259,7 +268,7 @@ class Rebound:
         try:
             return self._decide(f)
         except Exception as err:  # never raise from the retry path
-            _log("error", "rebound.fallback_failed", queue=f["queue"], target=self.target, error=repr(err)[:300])
+            _hook_error("rebound.fallback_failed", queue=f["queue"], target=self.target, error=repr(err)[:300])
             return {"decision": "DECISION_RETRY", "delayMs": LAST_RESORT_DELAY_MS, "source": "fallback",
                     "policySource": "default", "lastResort": True,
                     "disposition": "DISPOSITION_UNSPECIFIED", "deadLetterQueue": "",
@@ -302,10 +311,12 @@ class Rebound:
             self._count("fallback", cause)
             self._count("fallback", "total")
             self._count("fallback", "cached" if cached else "default_policy")
+            metrics.fallback(cause, answer["policySource"])
             _log("warn", "rebound.fallback", queue=f["queue"], target=self.target, cause=cause,
                  source="fallback", policy_source=answer["policySource"], policy=prepared.identity,
                  attempt=f["attempt"], decision=answer["decision"], delay_ms=answer["delayMs"])
         self._count("decisions", answer["decision"] if answer["decision"] == "DECISION_RETRY" else answer["reason"])
+        metrics.decision(answer["source"])
         return answer
 
 

@@ -18,7 +18,7 @@ import uuid
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from .core import Rebound, _log, logger, shared_rebound
+from .core import Rebound, _hook_error, _log, logger, shared_rebound
 from .runs import (ATTEMPT_HEADER, DECIDE_HEADER, EPISODE_HEADER, MESSAGE_HEADER, RunRecords, dead_letter_payload,
                    log_uncounted_once, new_token)
 from .worker import install
@@ -231,8 +231,8 @@ class ReboundTask(Task):
             ticket.verdict, value = records.acquire(ticket.key, ticket.episode, ticket.message, ticket.token,
                                                     before, decide=ticket.pending is not None)
         except Exception as err:  # Redis refused or is gone: the message waits for redelivery
-            _log("error", "rebound.run_not_recorded", task=self.name, task_id=req.id, key=ticket.key,
-                 error=repr(err)[:300])
+            _hook_error("rebound.run_not_recorded", task=self.name, task_id=req.id, key=ticket.key,
+                        error=repr(err)[:300])
             raise Reject(err, requeue=True)
         if ticket.verdict in ("ended", "obsolete"):
             _log("info", "rebound.duplicate_skipped", task=self.name, task_id=req.id, key=ticket.key,
@@ -260,7 +260,7 @@ class ReboundTask(Task):
             try:
                 out[name] = get()
             except Exception as err:
-                _log("error", "rebound.hook_error", task=self.name, field=name, error=repr(err)[:300])
+                _hook_error("rebound.hook_error", task=self.name, field=name, error=repr(err)[:300])
                 out[name] = fallback
         if out["attempt"] is None:
             try:
@@ -286,7 +286,7 @@ class ReboundTask(Task):
             answer = rb.decide(q["queue"], q["attempt"], job_id=q["key"], error_class=q["error_class"],
                                first_failure_unix_ms=q["first"], retry_after_ms=q["retry_after"])
         except Exception as err:  # decide never raises; this guards the property
-            _log("error", "rebound.hook_error", task=self.name, field="rebound", error=repr(err)[:300])
+            _hook_error("rebound.hook_error", task=self.name, field="rebound", error=repr(err)[:300])
             rb, answer = None, Rebound(target="-", strict=False).decide(
                 q["queue"], q["attempt"], job_id=q["key"])
         fields = dict(task=self.name, task_id=req.id, key=q["key"], queue=q["queue"], attempt=q["attempt"],
@@ -322,8 +322,8 @@ class ReboundTask(Task):
             else:  # drop: the library's own failed state (FAILURE, link_error run)
                 state = "ok" if ticket is None else ticket.end("dropped")
         except Exception as err:  # refused (ACL, maxmemory) or no reply: decided again later
-            _log("error", "rebound.dead_letter_failed" if dead_letter else "rebound.drop_failed",
-                 error=repr(err)[:300], **fields)
+            _hook_error("rebound.dead_letter_failed" if dead_letter else "rebound.drop_failed",
+                        error=repr(err)[:300], **fields)
             self._rebound_defer(exc, ticket, headers, q, fields, error_text)
         if state != "ok":
             _log("info", "rebound.superseded", state=state, **fields)
@@ -341,7 +341,7 @@ class ReboundTask(Task):
         try:
             state = ticket.intent(nxt)
         except Exception as err:
-            _log("error", "rebound.run_not_recorded", error=repr(err)[:300], **fields)
+            _hook_error("rebound.run_not_recorded", error=repr(err)[:300], **fields)
             raise Reject(err, requeue=True)
         if state != "ok":
             _log("info", "rebound.superseded", state=state, **fields)
@@ -357,7 +357,7 @@ class ReboundTask(Task):
         except Reject as rej:
             if rej.requeue:
                 raise
-            _log("error", "rebound.retry_failed", error=repr(rej.reason)[:300], **fields)
+            _hook_error("rebound.retry_failed", error=repr(rej.reason)[:300], **fields)
             raise Reject(rej.reason, requeue=True) from None
 
     def _rebound_defer(self, exc, ticket, headers, q, fields, error_text):
@@ -416,6 +416,6 @@ class Ticket:
             try:
                 return self.records.end(self.key, self.episode, self.message, self.token, how, fenced=False)
             except Exception as err:  # a success stays a success; a duplicate may run it again
-                _log("error", "rebound.end_not_recorded", key=self.key, how=how, error=repr(err)[:300])
+                _hook_error("rebound.end_not_recorded", key=self.key, how=how, error=repr(err)[:300])
                 return "ok"
         return self.records.end(self.key, self.episode, self.message, self.token, how, fenced=fenced, push=push)

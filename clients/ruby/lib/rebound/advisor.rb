@@ -5,6 +5,7 @@ require "json"
 require "time"
 require "rebound/client"
 require "rebound/decide"
+require "rebound/metrics"
 
 module Rebound
   class << self
@@ -22,6 +23,12 @@ module Rebound
     log_io.write(JSON.generate(line) + "\n")
   rescue StandardError
     nil
+  end
+
+  # A fault the adapter absorbed: an error line and rebound_adapter_hook_errors_total.
+  def self.hook_error(event, **fields)
+    Metrics.hook_error
+    log("error", event, **fields)
   end
 
   # The core object: Rebound.new(target: "unix:///run/rebound/rebound.sock", deadline_ms: 250).
@@ -100,6 +107,12 @@ module Rebound
 
     def count(group, key = nil)
       @lock.synchronize { key.nil? ? @counters[group] += 1 : @counters[group][key] += 1 }
+    end
+
+    # A job this adapter finished: dead-lettered or dropped.
+    def count_terminal(dead_letter)
+      count(dead_letter ? "dead_lettered" : "dropped")
+      Metrics.terminal(dead_letter ? "dead_letter" : "drop")
     end
 
     def cached_policy(queue)
@@ -295,7 +308,7 @@ module Rebound
           end
         end
       rescue StandardError => e
-        Rebound.log("error", "rebound.prefetch_failed", error: e.inspect[0, 300])
+        Rebound.hook_error("rebound.prefetch_failed", error: e.inspect[0, 300])
       ensure
         @lock.synchronize { @refreshing.delete(:prefetch) }
       end
@@ -317,6 +330,7 @@ module Rebound
         fallback(f, cause_of(e), e)
       end
       count("decisions", answer["decision"] == "DECISION_RETRY" ? answer["decision"] : answer["reason"])
+      Metrics.decision(answer["source"])
       answer
     end
 
@@ -334,6 +348,7 @@ module Rebound
       count("fallback", cause)
       count("fallback", "total")
       count("fallback", "default_policy") unless cached
+      Metrics.fallback(cause, a["policySource"])
       Rebound.log("warn", "rebound.fallback", queue: f["queue"], cause: cause, source: a["source"],
         policy_source: a["policySource"], target: @target, attempt: f["attempt"], decision: a["decision"],
         delay_ms: a["delayMs"], error: (err ? err.message : cause).to_s[0, 300])
@@ -341,7 +356,7 @@ module Rebound
     end
 
     def last_resort(f, err)
-      Rebound.log("error", "rebound.fallback_failed", queue: f["queue"], error: err.inspect[0, 300])
+      Rebound.hook_error("rebound.fallback_failed", queue: f["queue"], error: err.inspect[0, 300])
       {"decision" => "DECISION_RETRY", "delayMs" => LAST_RESORT_DELAY_MS, "source" => "fallback",
        "policySource" => "default", "lastResort" => true,
        "disposition" => "DISPOSITION_UNSPECIFIED", "deadLetterQueue" => "",

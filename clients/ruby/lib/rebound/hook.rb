@@ -103,7 +103,7 @@ module Rebound
         begin
           rb.prefetch(worker_queues)
         rescue StandardError => e # only a bad address stops the worker
-          Rebound.log("error", "rebound.prefetch_failed", target: rb.target.to_s, error: e.inspect[0, 300])
+          Rebound.hook_error("rebound.prefetch_failed", target: rb.target.to_s, error: e.inspect[0, 300])
           {}
         end
       end
@@ -188,7 +188,7 @@ module Rebound
           [mapper.respond_to?(:rebound_error_class) ? mapper.rebound_error_class(exc) : error_class_of(exc),
            mapper.respond_to?(:rebound_retry_after_ms) ? mapper.rebound_retry_after_ms(exc) : retry_after_ms_of(exc)]
         rescue StandardError => e # a mapper's bug must not change the job's fate
-          Rebound.log("error", "rebound.hook_error", job_class: view[:job_class], error: e.inspect[0, 300])
+          Rebound.hook_error("rebound.hook_error", job_class: view[:job_class], error: e.inspect[0, 300])
           [exc.class.name.to_s, nil]
         end
         first = failed_at_ms(job) || now_ms
@@ -202,7 +202,7 @@ module Rebound
         ask(worker, job, queue, exc, attempt)
       rescue Exception => e # rubocop:disable Lint/RescueException -- never hand the failure to Sidekiq's retries
         raise if e.is_a?(::Sidekiq::Shutdown)
-        Rebound.log("error", "rebound.adapter_error", stage: "ask", jid: (job["jid"] rescue nil), error: e.inspect[0, 300])
+        Rebound.hook_error("rebound.adapter_error", stage: "ask", jid: (job["jid"] rescue nil), error: e.inspect[0, 300])
         view = (job_view(worker, job) rescue {klass: nil, job_class: job["class"], key: job["jid"], args: job["args"]})
         q = queue || job["queue"]
         first = (failed_at_ms(job) rescue nil) || now_ms
@@ -336,7 +336,7 @@ module Rebound
       rescue ::Sidekiq::Shutdown
         raise
       rescue StandardError => e # Redis gone for longer than REDIS_WAIT_S: the job is not acknowledged
-        Rebound.log("error", "rebound.middleware_error", jid: msg["jid"], error: e.inspect[0, 300])
+        Rebound.hook_error("rebound.middleware_error", jid: msg["jid"], error: e.inspect[0, 300])
         return
       else
         raise ::Sidekiq::JobRetry::Skip
@@ -427,14 +427,14 @@ module Rebound
         begin
           worker.sidekiq_retries_exhausted_block&.call(msg, exc) if worker.respond_to?(:sidekiq_retries_exhausted_block)
         rescue StandardError => e
-          Rebound.log("error", "rebound.retries_exhausted_error", jid: msg["jid"], error: e.inspect[0, 300])
+          Rebound.hook_error("rebound.retries_exhausted_error", jid: msg["jid"], error: e.inspect[0, 300])
         end
         death_handlers.each do |h|
           h.call(msg, exc)
         rescue StandardError => e
-          Rebound.log("error", "rebound.death_handler_error", jid: msg["jid"], error: e.inspect[0, 300])
+          Rebound.hook_error("rebound.death_handler_error", jid: msg["jid"], error: e.inspect[0, 300])
         end
-        Rebound::Sidekiq.rebound.count(dead_letter ? "dead_lettered" : "dropped")
+        Rebound::Sidekiq.rebound.count_terminal(dead_letter)
         Rebound.log("warn", dead_letter ? "rebound.dead_lettered" : "rebound.dropped", **fields, runs: runs,
           reason: answer["reason"], disposition: answer["disposition"], dead_set: msg["dead"] != false,
           dead_letter_queue: dlq)
@@ -519,7 +519,7 @@ module Rebound
         Rebound.log("error", "rebound.give_up_unsupported", **fields, reason: answer["reason"], via: "sidekiq_retry_in")
         nil
       rescue StandardError => e
-        Rebound.log("error", "rebound.hook_error", error: e.inspect[0, 300])
+        Rebound.hook_error("rebound.hook_error", error: e.inspect[0, 300])
         (Advisor::LAST_RESORT_DELAY_MS / 1000.0).ceil
       end
     end

@@ -358,7 +358,7 @@ module Rebound
         settle_recovered(UnitOfWork.new(queue, counted, mine), owner)
         :settled
       rescue StandardError => e
-        Rebound.log("error", "rebound.recover_failed", error: e.inspect[0, 300])
+        Rebound.hook_error("rebound.recover_failed", error: e.inspect[0, 300])
         :error
       end
 

@@ -250,17 +250,23 @@ async fn foreign_configmap_is_never_adopted() -> Result<()> {
     Ok(())
 }
 
-/// A policy with 64 queue names and 64 error classes of ~250 characters: ~32 KiB compiled.
-fn big_policy(i: usize) -> String {
-    let long = |kind: &str, j: usize| format!("{kind}-{i}-{j}-{}", "x".repeat(230));
-    let queues: Vec<String> = (0..64).map(|j| format!("{:?}", long("q", j))).collect();
-    let errors: Vec<String> = (0..64).map(|j| format!("{:?}", long("e", j))).collect();
+/// A policy `name` with 64 queue names and 64 error classes from `text(kind, j)`.
+fn wide_policy(name: &str, mut text: impl FnMut(&str, usize) -> String) -> String {
+    let queues: Vec<String> = (0..64).map(|j| format!("{:?}", text("q", j))).collect();
+    let errors: Vec<String> = (0..64).map(|j| format!("{:?}", text("e", j))).collect();
     format!(
-        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata:\n  name: big-{i}\nspec:\n  \
+        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata:\n  name: {name}\nspec:\n  \
          queues: [{}]\n  nonRetryableErrors: [{}]\n---\n",
         queues.join(", "),
         errors.join(", ")
     )
+}
+
+/// A policy with 64 queue names and 64 error classes of ~250 characters: ~32 KiB compiled.
+fn big_policy(i: usize) -> String {
+    wide_policy(&format!("big-{i}"), |kind, j| {
+        format!("{kind}-{i}-{j}-{}", "x".repeat(230))
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -312,7 +318,7 @@ async fn large_document_is_served_compressed() -> Result<()> {
 /// gzip cannot shrink much: about 30 KiB of JSON, 19 KiB compressed.
 fn noisy_policy(i: usize) -> String {
     let mut x = i as u64;
-    let mut noise = |kind: &str, j: usize| {
+    wide_policy(&format!("noisy-{i:02}"), |kind, j| {
         let text: String = (0..230)
             .map(|_| {
                 x = rebound_policy::decide::mix64(x);
@@ -320,15 +326,7 @@ fn noisy_policy(i: usize) -> String {
             })
             .collect();
         format!("{kind}-{i}-{j}-{text}")
-    };
-    let queues: Vec<String> = (0..64).map(|j| format!("{:?}", noise("q", j))).collect();
-    let errors: Vec<String> = (0..64).map(|j| format!("{:?}", noise("e", j))).collect();
-    format!(
-        "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata:\n  name: noisy-{i:02}\nspec:\n  \
-         queues: [{}]\n  nonRetryableErrors: [{}]\n---\n",
-        queues.join(", "),
-        errors.join(", ")
-    )
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::{
     answer::Snapshot,
-    metrics::{ConfigState, ConfigView, Metrics},
+    metrics::{ConfigState, ConfigView, Decisions, Metrics},
     retry_budgets::Budgets,
 };
 
@@ -46,10 +46,16 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn new(doc: CompiledDocument, origin: String, sequence: u64, budgets: Budgets) -> Self {
+    pub fn new(
+        doc: CompiledDocument,
+        origin: String,
+        sequence: u64,
+        budgets: Budgets,
+        decisions: Decisions,
+    ) -> Self {
         Self {
             policies: doc.policies.len(),
-            snapshot: Snapshot::with_budgets(doc, budgets),
+            snapshot: Snapshot::with_series(doc, budgets, decisions),
             origin,
             sequence,
             loaded_at: SystemTime::now(),
@@ -67,7 +73,6 @@ impl Loaded {
     /// What metrics report about it.
     pub fn view(&self) -> ConfigView<'_> {
         ConfigView {
-            namespace: self.namespace(),
             hash: self.hash(),
             origin: &self.origin,
             sequence: self.sequence,
@@ -322,13 +327,24 @@ impl Store {
             return false;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        // Budgets carry over from the configuration being replaced.
-        let budgets = Budgets::build(
-            &doc,
-            self.current.load().as_deref().map(|c| &c.snapshot.budgets),
-            &self.metrics,
-        );
-        let loaded = Arc::new(Loaded::new(doc, origin.to_owned(), sequence, budgets));
+        // Budgets and decision series carry over from the configuration being replaced.
+        let (budgets, decisions) = {
+            let current = self.current.load();
+            let previous = current.as_deref().map(|c| &c.snapshot);
+            (
+                Budgets::build(&doc, previous.map(|c| &c.budgets), &self.metrics),
+                self.metrics
+                    .decisions()
+                    .build(&doc, previous.map(|c| &c.decisions)),
+            )
+        };
+        let loaded = Arc::new(Loaded::new(
+            doc,
+            origin.to_owned(),
+            sequence,
+            budgets,
+            decisions,
+        ));
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();
         self.metrics.reloaded(took);

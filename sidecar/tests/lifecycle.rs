@@ -17,7 +17,7 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit,
 };
-use rebound_test_support::{free_port, http_get};
+use rebound_test_support::{free_port, http_get, metrics::Samples};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 #[tokio::test]
@@ -153,21 +153,31 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
         Some(1.0),
         "{body}"
     );
+    let samples = Samples::parse(body).expect("an exposition");
     assert_eq!(
-        common::sample(
-            body,
-            "rebound_sidecar_decisions_total{outcome=\"give_up_max_attempts\"}"
+        samples.value(
+            "rebound_sidecar_decisions_total",
+            &[
+                ("policy", "demo/webhooks"),
+                ("outcome", "give_up"),
+                ("disposition", "dead_letter"),
+                ("reason", "max_attempts"),
+            ]
         ),
         Some(2.0),
         "{body}"
     );
-    let info = body
-        .lines()
-        .find(|l| l.starts_with("rebound_sidecar_config_info{"))
-        .expect("config_info");
+    let info: Vec<_> = samples
+        .matching("rebound_sidecar_config_info", &[])
+        .collect();
+    assert_eq!(info.len(), 1, "{body}");
     assert!(
-        info.starts_with("rebound_sidecar_config_info{namespace=\"demo\","),
-        "{info}"
+        info[0]
+            .labels
+            .get("config_hash")
+            .is_some_and(|h| h.starts_with("sha256:"))
+            && !info[0].labels.contains_key("namespace"),
+        "the hash as the operator reports it, no namespace label: {info:?}"
     );
 
     // SIGTERM: exit 0, socket removed.
@@ -311,12 +321,16 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
             .await
             .expect("get")
             .expect("GET /metrics");
-        namespace = response
-            .body
-            .lines()
-            .find_map(|l| l.strip_prefix("rebound_sidecar_config_info{namespace=\""))
-            .and_then(|rest| rest.split_once('"'))
-            .map(|(ns, _)| ns.to_owned());
+        // The policy label is `namespace/name`: the manifests were compiled for it.
+        namespace = Samples::parse(&response.body)
+            .expect("an exposition")
+            .matching("rebound_sidecar_decisions_total", &[])
+            .find_map(|s| {
+                s.labels
+                    .get("policy")?
+                    .split_once('/')
+                    .map(|(ns, _)| ns.to_owned())
+            });
         if namespace.is_some() {
             break;
         }

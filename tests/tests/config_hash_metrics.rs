@@ -152,7 +152,7 @@ async fn operator_and_sidecar_report_one_config_hash_and_policy_series_follow_po
     assert_eq!(ready(&readiness, "orders"), Some(1.0));
     assert_eq!(
         operator_hashes(operator_metrics, &ns),
-        [second.clone()],
+        [second],
         "one hash per namespace"
     );
     let generated = readiness.value(

@@ -74,7 +74,7 @@ type Labels = Vec<(&'static str, LabelText)>;
 /// A label value from outside (a path, a namespace), escaped as the exposition format
 /// requires; the client library writes label values as given.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct LabelText(String);
+struct LabelText(Arc<str>);
 
 impl EncodeLabelValue for LabelText {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
@@ -147,7 +147,7 @@ impl Metrics {
         build
             .get_or_create(&vec![(
                 "version",
-                LabelText(env!("CARGO_PKG_VERSION").to_owned()),
+                LabelText(env!("CARGO_PKG_VERSION").into()),
             )])
             .set(1);
         registry.register("build_info", "The build: version label, value 1", build);
@@ -367,8 +367,8 @@ impl Metrics {
             Some(cfg) => {
                 self.info
                     .get_or_create(&vec![
-                        ("config_hash", LabelText(cfg.hash.to_owned())),
-                        ("origin", LabelText(cfg.origin.to_owned())),
+                        ("config_hash", LabelText(cfg.hash.into())),
+                        ("origin", LabelText(cfg.origin.into())),
                     ])
                     .set(1);
                 self.generation
@@ -403,7 +403,7 @@ impl Metrics {
 }
 
 fn policy_label(identity: &str) -> Labels {
-    vec![("policy", LabelText(identity.to_owned()))]
+    vec![("policy", LabelText(identity.into()))]
 }
 
 /// The content type of [`Metrics::render`]'s output.

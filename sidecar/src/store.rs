@@ -328,16 +328,12 @@ impl Store {
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
         // Budgets and decision series carry over from the configuration being replaced.
-        let (budgets, decisions) = {
-            let current = self.current.load();
-            let previous = current.as_deref().map(|c| &c.snapshot);
-            (
-                Budgets::build(&doc, previous.map(|c| &c.budgets), &self.metrics),
-                self.metrics
-                    .decisions()
-                    .build(&doc, previous.map(|c| &c.decisions)),
-            )
-        };
+        let budgets = Budgets::build(
+            &doc,
+            self.current.load().as_deref().map(|c| &c.snapshot.budgets),
+            &self.metrics,
+        );
+        let decisions = self.metrics.decisions().build(&doc);
         let loaded = Arc::new(Loaded::new(
             doc,
             origin.to_owned(),
@@ -364,7 +360,12 @@ impl Store {
             "configuration loaded"
         );
         self.loaded.send_replace(true);
-        drop_off_request_path(old);
+        if let Some(old) = old {
+            let old = drop_off_request_path(old);
+            self.metrics
+                .decisions()
+                .retire(&old.snapshot.decisions, &loaded.snapshot.decisions);
+        }
         true
     }
 
@@ -402,16 +403,15 @@ pub fn release_freed_memory() {
 }
 
 /// Waits briefly for requests still holding the old table so that freeing 10,000 entries
-/// happens on the loader's thread, not inside a request.
-fn drop_off_request_path(old: Option<Arc<Loaded>>) {
-    let Some(old) = old else { return };
+/// happens on the loader's thread, not inside a request; the caller drops what it returns.
+fn drop_off_request_path(old: Arc<Loaded>) -> Arc<Loaded> {
     for _ in 0..100 {
         if Arc::strong_count(&old) == 1 {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    drop(old);
+    old
 }
 
 #[cfg(test)]

@@ -311,7 +311,7 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
         .spawn()
         .expect("spawn rebound-sidecar");
     let _sidecar = Sidecar(child);
-    let mut namespace = None;
+    let mut loaded = false;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if TcpStream::connect(admin).is_err() {
@@ -321,21 +321,13 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
             .await
             .expect("get")
             .expect("GET /metrics");
-        // The policy label is `namespace/name`: the manifests were compiled for it.
-        namespace = Samples::parse(&response.body)
-            .expect("an exposition")
-            .matching("rebound_sidecar_decisions_total", &[])
-            .find_map(|s| {
-                s.labels
-                    .get("policy")?
-                    .split_once('/')
-                    .map(|(ns, _)| ns.to_owned())
-            });
-        if namespace.is_some() {
+        let samples = Samples::parse(&response.body).expect("an exposition");
+        loaded = samples.value("rebound_sidecar_config_state", &[("state", "active")]) == Some(1.0);
+        if loaded {
             break;
         }
     }
-    assert_eq!(namespace.as_deref(), Some("team-a"));
+    assert!(loaded, "the manifests were loaded");
     let answer = RetryAdvisorClient::new(client::tcp_channel(grpc).await.expect("tcp"))
         .decide(pb::DecideRequest {
             queue: "webhooks".into(),
@@ -345,6 +337,17 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
         .await
         .expect("decide")
         .into_inner();
+    // The policy label is `namespace/name`: the manifests were compiled for it.
+    let response = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+        .await
+        .expect("get")
+        .expect("GET /metrics");
+    let policies: Vec<_> = Samples::parse(&response.body)
+        .expect("an exposition")
+        .matching("rebound_sidecar_decisions_total", &[])
+        .filter_map(|s| s.labels.get("policy").cloned())
+        .collect();
+    assert_eq!(policies, ["team-a/webhooks"]);
     assert_eq!(
         answer.policy.map(|p| p.namespace),
         Some("team-a".to_owned())

@@ -2,19 +2,21 @@
 //!
 //! Each loaded configuration gets one [`PolicyDecisions`] per policy holding the counter
 //! handles of its label sets, so counting a decision is a map lookup by the policy's
-//! identity and one atomic add: no label set is built on the request path. A reload keeps
-//! the series of the policies it keeps (same label set, same counter) and removes those of
-//! the policies, reasons or dispositions it drops, so the series stay bounded by the
-//! policies loaded.
+//! identity and one atomic add: a label set is built once per policy and reason, on the
+//! first such decision, never per call. Series are created on first use rather than at
+//! load: a namespace of 10,000 policies would otherwise scrape as 40,000 zeros. A reload
+//! keeps the series of the policies it keeps (same label set, same counter) and removes
+//! those of the policies it drops or whose disposition changed, so the series stay bounded
+//! by the policies loaded (at most six each).
 
-use std::{collections::HashMap, sync::OnceLock};
+use std::{collections::HashMap, sync::Arc, sync::OnceLock};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
     registry::Registry,
 };
-use rebound_policy::{CompiledDocument, CompiledPolicy, Disposition};
+use rebound_policy::{CompiledDocument, Disposition};
 
 use super::LabelText;
 
@@ -64,19 +66,6 @@ impl Reason {
             self,
             Self::Backoff | Self::RetryAfter | Self::BudgetStretched
         )
-    }
-
-    /// Whether `policy` can answer with this reason at all; only those series are created
-    /// when the policy is loaded (the others appear if ever counted).
-    fn reachable(self, policy: &CompiledPolicy) -> bool {
-        let p = &policy.params;
-        match self {
-            Self::Backoff | Self::RetryAfter | Self::MaxAttempts => true,
-            Self::BudgetStretched => p.retry_budget.is_some(),
-            // A budget gives up past its booking horizon even without maxRetryDuration.
-            Self::Deadline => p.max_retry_duration_ms.is_some() || p.retry_budget.is_some(),
-            Self::NonRetryable => !p.non_retryable_errors.is_empty(),
-        }
     }
 
     fn index(self) -> usize {
@@ -131,51 +120,51 @@ impl DecisionFamily {
         f
     }
 
-    /// The handles of `doc`'s policies. Series of `previous` that `doc` no longer has (a
-    /// removed policy, a changed disposition, a reason no longer reachable) are removed.
-    pub fn build(&self, doc: &CompiledDocument, previous: Option<&Decisions>) -> Decisions {
-        let mut by_identity = HashMap::with_capacity(doc.policies.len());
-        for p in &doc.policies {
-            let series = PolicyDecisions {
-                policy: LabelText(p.identity()),
-                disposition: disposition(&p.params.terminal),
-                family: self.clone(),
-                counters: Default::default(),
-            };
-            for reason in Reason::ALL.into_iter().filter(|r| r.reachable(p)) {
-                series.counter(reason);
-            }
-            by_identity.insert(series.policy.0.clone(), series);
-        }
-        let next = Decisions {
+    /// The handles of `doc`'s policies; a policy kept from the configuration before
+    /// finds its series (same label set) and keeps counting.
+    pub fn build(&self, doc: &CompiledDocument) -> Decisions {
+        let by_identity = doc
+            .policies
+            .iter()
+            .map(|p| {
+                let identity: Arc<str> = p.identity().into();
+                let series = PolicyDecisions {
+                    policy: LabelText(Arc::clone(&identity)),
+                    disposition: disposition(&p.params.terminal),
+                    counters: Default::default(),
+                };
+                (identity, series)
+            })
+            .collect();
+        Decisions {
             by_identity,
-            delay: self.delay.clone(),
-        };
-        for old in previous.iter().flat_map(|prev| prev.by_identity.values()) {
-            let kept = next.by_identity.get(&old.policy.0);
+            family: self.clone(),
+        }
+    }
+
+    /// Removes the series of `old` whose policy `new` does not have, or has with another
+    /// disposition. Called once requests have let go of `old`: one still answering from it
+    /// could otherwise create a removed series again.
+    pub fn retire(&self, old: &Decisions, new: &Decisions) {
+        for policy in old.by_identity.values() {
+            let kept = new.by_identity.get(&policy.policy.0);
+            if kept.is_some_and(|k| k.disposition == policy.disposition) {
+                continue;
+            }
             for reason in Reason::ALL {
-                if old.counters[reason.index()].get().is_none() {
-                    continue;
-                }
-                let labels = old.labels(reason);
-                if kept.is_none_or(|k| {
-                    k.counters[reason.index()].get().is_none() || k.labels(reason) != labels
-                }) {
-                    self.counters.remove(&labels);
+                if policy.counters[reason.index()].get().is_some() {
+                    self.counters.remove(&policy.labels(reason));
                 }
             }
         }
-        next
     }
 }
 
-/// One policy's decision counters; a handle is made on first use (at load for the
-/// reasons the policy can reach).
+/// One policy's decision counters, each made on the policy's first decision of its kind.
 #[derive(Debug)]
 pub struct PolicyDecisions {
     policy: LabelText,
     disposition: &'static str,
-    family: DecisionFamily,
     counters: [OnceLock<Counter>; 6],
 }
 
@@ -193,37 +182,35 @@ impl PolicyDecisions {
             reason: reason.as_str(),
         }
     }
-
-    fn counter(&self, reason: Reason) -> &Counter {
-        self.counters[reason.index()].get_or_init(|| {
-            self.family
-                .counters
-                .get_or_create(&self.labels(reason))
-                .clone()
-        })
-    }
 }
 
 /// The decision handles of one configuration, by policy identity (`namespace/name`).
 #[derive(Debug)]
 pub struct Decisions {
-    by_identity: HashMap<String, PolicyDecisions>,
-    delay: Histogram,
+    by_identity: HashMap<Arc<str>, PolicyDecisions>,
+    family: DecisionFamily,
 }
 
 impl Decisions {
     /// Handles registered nowhere, for `doc`'s policies.
     pub fn detached(doc: &CompiledDocument) -> Self {
-        DecisionFamily::detached().build(doc, None)
+        DecisionFamily::detached().build(doc)
     }
 
     /// Counts one decision of `identity`'s policy; `delay_ms` is the retry delay answered.
     pub fn count(&self, identity: &str, reason: Reason, delay_ms: u64) {
         if let Some(policy) = self.by_identity.get(identity) {
-            policy.counter(reason).inc();
+            policy.counters[reason.index()]
+                .get_or_init(|| {
+                    self.family
+                        .counters
+                        .get_or_create(&policy.labels(reason))
+                        .clone()
+                })
+                .inc();
         }
         if reason.is_retry() {
-            self.delay.observe(delay_ms as f64 / 1e3);
+            self.family.delay.observe(delay_ms as f64 / 1e3);
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Prometheus metrics. No per-object or per-namespace labels: the cardinality stays fixed
-//! however many policies a cluster has.
+//! Prometheus metrics. The totals carry no per-object labels; the per-namespace and
+//! per-policy series ([`config`]) are one per namespace with policies and one per
+//! RetryPolicy, removed with them.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,6 +11,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+mod config;
+
+use config::ConfigSeries;
+pub use config::HeldConfig;
 
 type Label = [(&'static str, &'static str); 1];
 
@@ -35,6 +41,7 @@ pub struct Metrics {
     leader: Gauge,
     namespaces_held: Gauge,
     namespaces: Mutex<HashMap<String, NamespaceFigures>>,
+    config: ConfigSeries,
     ready: AtomicBool,
 }
 
@@ -112,8 +119,10 @@ impl Metrics {
             "Namespaces the operator keeps state for between reconciles (those with policies)",
             namespaces_held.clone(),
         );
+        let config = ConfigSeries::register(&mut registry);
         Self {
             registry,
+            config,
             reconciles,
             reconcile_seconds,
             api_writes,
@@ -172,8 +181,20 @@ impl Metrics {
         self.configmap_bytes.set(sum(|f| f.configmap_bytes));
     }
 
+    /// Records the configuration a reconcile of `namespace` left held and each of its
+    /// policies' readiness (`(name, ready)`).
+    pub fn set_namespace_config(
+        &self,
+        namespace: &str,
+        config: HeldConfig<'_>,
+        policies: &[(String, bool)],
+    ) {
+        self.config.set(namespace, config, policies);
+    }
+
     /// Forgets all namespaces (when leadership is lost, another replica reports them).
     pub fn clear_namespaces(&self) {
+        self.config.clear();
         let mut all = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
         all.clear();
         self.policies_compiled.set(0);

@@ -19,7 +19,7 @@ use crate::context::{Context, Memory};
 use crate::error::Error;
 use crate::fit::{Fitted, Served, fit_all, fit_within};
 use crate::freshness::{Written, compare};
-use crate::metrics::NamespaceFigures;
+use crate::metrics::{HeldConfig, NamespaceFigures};
 use crate::objects::{ConfigMapView, PolicyView};
 use crate::status::{Blocked, Verdict};
 use crate::summary::Summaries;
@@ -191,6 +191,17 @@ async fn reconcile_namespace(
         })
         .collect();
     drop(outcomes);
+    let held = match (&failure, &blocked) {
+        // The write failed: the ConfigMap still holds what was held before.
+        (Some(_), _) => HeldConfig::Keep,
+        (None, Some(Blocked::NotOwned { .. })) => HeldConfig::Nothing,
+        (None, _) if desired.has_policies => HeldConfig::Holds(desired.hash.as_str()),
+        (None, _) => HeldConfig::Nothing,
+    };
+    let readiness: Vec<(String, bool)> = verdicts
+        .iter()
+        .map(|(v, verdict)| (v.name.clone(), matches!(verdict, Verdict::Serving { .. })))
+        .collect();
     refresh_summaries(memory, &compilation, &ctx.summaries).await;
     let figures = NamespaceFigures {
         compiled: compilation.document.policies.len() as i64,
@@ -210,6 +221,8 @@ async fn reconcile_namespace(
     let sidecars = ctx.stores.sidecars_in(namespace);
     let status_result = write_statuses(ctx, namespace, verdicts, sidecars, memory).await;
     ctx.metrics.set_namespace(namespace, figures);
+    ctx.metrics
+        .set_namespace_config(namespace, held, &readiness);
     debug!(%namespace, %hash, policies = figures.compiled, not_ready = figures.not_ready, "reconciled");
     match failure {
         Some(e) => Err(e),

@@ -14,7 +14,7 @@ use rebound_policy::{
 
 use crate::{
     fleet_share::BudgetScope,
-    metrics::Outcome,
+    metrics::{Decisions, Reason, Rejection},
     pb::{EncodedBound, count_field, server as wire, v1 as pb},
     retry_budgets::Budgets,
 };
@@ -29,22 +29,29 @@ pub struct Snapshot {
     pub hash: String,
     /// Retry-budget schedulers of the budgeted policies.
     pub budgets: Budgets,
+    /// Each policy's decision counters.
+    pub decisions: Decisions,
 }
 
 impl Snapshot {
-    /// With fresh schedulers whose metrics are registered nowhere.
+    /// With fresh schedulers and counters whose metrics are registered nowhere.
     pub fn new(doc: &CompiledDocument) -> Self {
-        Self::with_budgets(doc.clone(), Budgets::detached(doc))
+        Self::with_series(
+            doc.clone(),
+            Budgets::detached(doc),
+            Decisions::detached(doc),
+        )
     }
 
     /// Takes the document: the table is built from its parts without copying them.
-    pub fn with_budgets(doc: CompiledDocument, budgets: Budgets) -> Self {
+    pub fn with_series(doc: CompiledDocument, budgets: Budgets, decisions: Decisions) -> Self {
         let (namespace, hash) = (doc.namespace.clone(), doc.hash.clone());
         Self {
             table: PolicyTable::from_document(doc),
             namespace,
             hash,
             budgets,
+            decisions,
         }
     }
 }
@@ -127,10 +134,10 @@ impl From<RequestError> for tonic::Status {
 
 impl RequestError {
     /// How the metrics count a request that failed this way.
-    pub fn outcome(&self) -> Outcome {
+    pub fn rejection(&self) -> Rejection {
         match self {
-            RequestError::InvalidArgument(_) => Outcome::InvalidArgument,
-            RequestError::NotFound(_) => Outcome::NotFound,
+            RequestError::InvalidArgument(_) => Rejection::InvalidArgument,
+            RequestError::NotFound(_) => Rejection::NotFound,
         }
     }
 }
@@ -271,22 +278,33 @@ pub fn context<'a>(q: &Question<'a>, now_ms: u64) -> Context<'a> {
     }
 }
 
-/// Answers one request with the policy that governs its queue.
+/// Answers one request with the policy that governs its queue, and counts the decision
+/// in the policy's series.
 pub fn decide_one(
     cfg: &Snapshot,
     req: &wire::DecideRequest,
     now_ms: u64,
-) -> Result<(pb::DecideResponse, Outcome), RequestError> {
+) -> Result<(pb::DecideResponse, Reason), RequestError> {
     let q = check_request(req, now_ms)?;
     let entry = lookup(cfg, q.queue)?;
+    let identity = entry.policy.identity();
     let decision = decide(&entry.policy, q.attempt, &context(&q, now_ms));
     let params = entry.policy.params();
+    // Whether the caller's Retry-After decided the delay, as `decide` applies it.
+    let pushed_back = match (&decision, q.retry_after_ms) {
+        (Decision::Retry { delay_ms }, Some(pushback)) => {
+            *delay_ms == pushback.min(params.pushback_limit_ms())
+        }
+        _ => false,
+    };
     let budgeted = match (params.retry_budget, &decision) {
-        (Some(_), Decision::Retry { .. }) => cfg.budgets.get(entry.policy.identity()),
+        (Some(_), Decision::Retry { .. }) => cfg.budgets.get(identity),
         _ => None,
     };
     let Some(budget) = budgeted else {
-        return Ok(to_response(decision, policy_ref(cfg, entry)));
+        let (response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
+        cfg.decisions.count(identity, reason, response.delay_ms);
+        return Ok((response, reason));
     };
     let ask = Ask {
         queue: q.queue,
@@ -296,17 +314,27 @@ pub fn decide_one(
         first_failure_ms: q.first_failure_ms,
     };
     let answer = budget.apply(params, decision, &ask);
-    let (mut response, outcome) = to_response(answer.decision, policy_ref(cfg, entry));
+    let (mut response, mut reason) =
+        to_response(answer.decision, policy_ref(cfg, entry), pushed_back);
     response.budget_stretched = answer.stretched;
     response.budget_delay_ms = answer.added_ms;
     if response.decision == i32::from(pb::Decision::Retry) {
         response.budget_retry_at_unix_ms = now_ms.saturating_add(response.delay_ms);
+        if answer.stretched {
+            reason = Reason::BudgetStretched;
+        }
     }
-    Ok((response, outcome))
+    cfg.decisions.count(identity, reason, response.delay_ms);
+    Ok((response, reason))
 }
 
-/// Translates a decision to the wire.
-pub fn to_response(decision: Decision, policy: pb::PolicyRef) -> (pb::DecideResponse, Outcome) {
+/// Translates a decision to the wire, with its metrics reason; `pushed_back` says the
+/// caller's Retry-After decided a retry's delay.
+pub fn to_response(
+    decision: Decision,
+    policy: pb::PolicyRef,
+    pushed_back: bool,
+) -> (pb::DecideResponse, Reason) {
     match decision {
         Decision::Retry { delay_ms } => (
             pb::DecideResponse {
@@ -315,21 +343,23 @@ pub fn to_response(decision: Decision, policy: pb::PolicyRef) -> (pb::DecideResp
                 policy: Some(policy),
                 ..Default::default()
             },
-            Outcome::Retry,
+            if pushed_back {
+                Reason::RetryAfter
+            } else {
+                Reason::Backoff
+            },
         ),
         Decision::GiveUp {
             disposition,
             reason,
         } => {
-            let (reason_code, outcome) = match reason {
+            let (reason_code, counted) = match reason {
                 GiveUpReason::MaxAttempts { .. } => {
-                    (pb::GiveUpReason::MaxAttempts, Outcome::GiveUpMaxAttempts)
+                    (pb::GiveUpReason::MaxAttempts, Reason::MaxAttempts)
                 }
-                GiveUpReason::Deadline { .. } => {
-                    (pb::GiveUpReason::Deadline, Outcome::GiveUpDeadline)
-                }
+                GiveUpReason::Deadline { .. } => (pb::GiveUpReason::Deadline, Reason::Deadline),
                 GiveUpReason::NonRetryable { .. } => {
-                    (pb::GiveUpReason::NonRetryable, Outcome::GiveUpNonRetryable)
+                    (pb::GiveUpReason::NonRetryable, Reason::NonRetryable)
                 }
             };
             let (disposition, dead_letter_queue) = disposition_to_wire(disposition);
@@ -344,7 +374,7 @@ pub fn to_response(decision: Decision, policy: pb::PolicyRef) -> (pb::DecideResp
                     policy: Some(policy),
                     ..Default::default()
                 },
-                outcome,
+                counted,
             )
         }
     }
@@ -359,13 +389,13 @@ fn disposition_to_wire(d: Disposition) -> (pb::Disposition, String) {
     }
 }
 
-/// Answers a batch from one configuration; per-item failures stay per item. Calls `count`
-/// with each item's outcome.
+/// Answers a batch from one configuration; per-item failures stay per item. Decisions are
+/// counted as [`decide_one`] counts them; `rejected` is called for each failed item.
 pub fn decide_batch(
     cfg: &Snapshot,
     req: &wire::DecideBatchRequest,
     now_ms: u64,
-    mut count: impl FnMut(Outcome),
+    mut rejected: impl FnMut(Rejection),
 ) -> Result<pb::DecideBatchResponse, RequestError> {
     if req.requests.len() > MAX_BATCH {
         return Err(invalid(format!(
@@ -378,12 +408,9 @@ pub fn decide_batch(
         .iter()
         .map(|item| {
             let result = match decide_one(cfg, item, now_ms) {
-                Ok((response, outcome)) => {
-                    count(outcome);
-                    pb::decide_result::Result::Decision(response)
-                }
+                Ok((response, _)) => pb::decide_result::Result::Decision(response),
                 Err(e) => {
-                    count(e.outcome());
+                    rejected(e.rejection());
                     pb::decide_result::Result::Error(pb::ItemError {
                         code: e.code() as u32,
                         message: e.to_string(),
@@ -573,12 +600,12 @@ mod tests {
     fn answers_and_reports_the_policy() {
         let cfg = loaded(&["q"]);
         let (r, outcome) = decide_one(&cfg, &req("q", 1), 0).expect("answer");
-        assert_eq!(outcome, Outcome::Retry);
+        assert_eq!(outcome, Reason::Backoff);
         let policy = r.policy.expect("policy");
         assert_eq!((policy.name.as_str(), policy.generation), ("p", 4));
         assert_eq!(policy.config_hash, cfg.hash);
         let (r, outcome) = decide_one(&cfg, &req("q", 3), 0).expect("answer");
-        assert_eq!(outcome, Outcome::GiveUpMaxAttempts);
+        assert_eq!(outcome, Reason::MaxAttempts);
         assert_eq!(r.disposition(), pb::Disposition::Drop);
         assert_eq!(r.reason_message, "attempt 3 of 3 failed (maxAttempts)");
     }
@@ -657,7 +684,7 @@ mod tests {
             })
             .collect();
         assert_eq!(codes, [0, 5, 3]);
-        assert_eq!(seen.len(), 3);
+        assert_eq!(seen, [Rejection::NotFound, Rejection::InvalidArgument]);
         let big = wire::DecideBatchRequest {
             requests: vec![req("q", 1); MAX_BATCH + 1],
         };

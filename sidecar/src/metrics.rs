@@ -17,8 +17,17 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::fleet_share::{BudgetScope, FleetShare};
+use crate::fleet_share::FleetShare;
 use crate::source_link::SourceLink;
+
+mod budget;
+mod decisions;
+mod fleet;
+
+use budget::BudgetFamilies;
+pub use budget::BudgetSeries;
+pub use decisions::{DELAY_BUCKETS, DecisionFamily, Decisions, Reason};
+use fleet::FleetGauges;
 
 /// Which configuration the sidecar answers from; what tells "the policies were removed"
 /// from "the configuration is broken".
@@ -52,7 +61,6 @@ impl ConfigState {
 /// What a scrape reports about the loaded configuration.
 #[derive(Clone, Copy, Debug)]
 pub struct ConfigView<'a> {
-    pub namespace: &'a str,
     pub hash: &'a str,
     pub origin: &'a str,
     pub sequence: u64,
@@ -66,7 +74,7 @@ type Labels = Vec<(&'static str, LabelText)>;
 /// A label value from outside (a path, a namespace), escaped as the exposition format
 /// requires; the client library writes label values as given.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct LabelText(String);
+struct LabelText(Arc<str>);
 
 impl EncodeLabelValue for LabelText {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
@@ -83,13 +91,9 @@ impl EncodeLabelValue for LabelText {
     }
 }
 
-/// What happened to one request, for the metrics.
+/// Why a request (or batch item) got an error instead of a decision, for the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Retry,
-    GiveUpMaxAttempts,
-    GiveUpDeadline,
-    GiveUpNonRetryable,
+pub enum Rejection {
     NotFound,
     InvalidArgument,
 }
@@ -98,10 +102,7 @@ pub enum Outcome {
 /// uses too. Request-path counters are held as handles: an increment is one atomic add.
 pub struct Metrics {
     registry: Registry,
-    retry: Counter,
-    give_up_max_attempts: Counter,
-    give_up_deadline: Counter,
-    give_up_non_retryable: Counter,
+    decisions: DecisionFamily,
     not_found: Counter,
     invalid_argument: Counter,
     unavailable: Counter,
@@ -146,18 +147,12 @@ impl Metrics {
         build
             .get_or_create(&vec![(
                 "version",
-                LabelText(env!("CARGO_PKG_VERSION").to_owned()),
+                LabelText(env!("CARGO_PKG_VERSION").into()),
             )])
             .set(1);
         registry.register("build_info", "The build: version label, value 1", build);
 
-        let decisions = Family::<Label, Counter>::default();
-        registry.register(
-            "decisions",
-            "Decisions answered, by outcome",
-            decisions.clone(),
-        );
-        let outcome = |o: &'static str| decisions.get_or_create(&[("outcome", o)]).clone();
+        let decisions = DecisionFamily::register(&mut registry);
         let rejected = Family::<Label, Counter>::default();
         registry.register(
             "rejected_requests",
@@ -210,7 +205,7 @@ impl Metrics {
         let info = Family::<Labels, Gauge>::default();
         registry.register(
             "config_info",
-            "The loaded configuration: namespace, content hash and origin",
+            "The loaded configuration: content hash (as the operator reports it) and origin, value 1",
             info.clone(),
         );
         let generation = Gauge::default();
@@ -252,10 +247,7 @@ impl Metrics {
             link: Arc::new(SourceLink::default()),
             source_connected,
             source_disconnected_seconds,
-            retry: outcome("retry"),
-            give_up_max_attempts: outcome("give_up_max_attempts"),
-            give_up_deadline: outcome("give_up_deadline"),
-            give_up_non_retryable: outcome("give_up_non_retryable"),
+            decisions,
             not_found: code("not_found"),
             invalid_argument: code("invalid_argument"),
             unavailable: code("unavailable"),
@@ -311,14 +303,15 @@ impl Metrics {
         f.added_delay.remove(&labels);
     }
 
-    pub fn count(&self, outcome: Outcome) {
-        match outcome {
-            Outcome::Retry => &self.retry,
-            Outcome::GiveUpMaxAttempts => &self.give_up_max_attempts,
-            Outcome::GiveUpDeadline => &self.give_up_deadline,
-            Outcome::GiveUpNonRetryable => &self.give_up_non_retryable,
-            Outcome::NotFound => &self.not_found,
-            Outcome::InvalidArgument => &self.invalid_argument,
+    /// The decision series, from which each configuration gets its policies' handles.
+    pub fn decisions(&self) -> &DecisionFamily {
+        &self.decisions
+    }
+
+    pub fn count_rejected(&self, rejection: Rejection) {
+        match rejection {
+            Rejection::NotFound => &self.not_found,
+            Rejection::InvalidArgument => &self.invalid_argument,
         }
         .inc();
     }
@@ -374,9 +367,8 @@ impl Metrics {
             Some(cfg) => {
                 self.info
                     .get_or_create(&vec![
-                        ("namespace", LabelText(cfg.namespace.to_owned())),
-                        ("hash", LabelText(cfg.hash.to_owned())),
-                        ("origin", LabelText(cfg.origin.to_owned())),
+                        ("config_hash", LabelText(cfg.hash.into())),
+                        ("origin", LabelText(cfg.origin.into())),
                     ])
                     .set(1);
                 self.generation
@@ -411,153 +403,7 @@ impl Metrics {
 }
 
 fn policy_label(identity: &str) -> Labels {
-    vec![("policy", LabelText(identity.to_owned()))]
-}
-
-/// The budget scope and the fleet membership behind it, set from [`FleetShare`] at each
-/// scrape.
-struct FleetGauges {
-    scope: Family<Label, Gauge>,
-    members: Gauge,
-    member: Gauge,
-    stale: Gauge,
-    renewed_at: Gauge<f64, AtomicU64>,
-    changes: Gauge,
-    leases: Family<Label, Gauge>,
-}
-
-impl FleetGauges {
-    fn register(registry: &mut Registry) -> Self {
-        let g = Self {
-            scope: Family::default(),
-            members: Gauge::default(),
-            member: Gauge::default(),
-            stale: Gauge::default(),
-            renewed_at: Gauge::default(),
-            changes: Gauge::default(),
-            leases: Family::default(),
-        };
-        registry.register(
-            "budget_scope",
-            "1 for how retry budgets are enforced: pod (each sidecar the whole budget: file mode, or no Pod name) or fleet (split among the live sidecar Leases)",
-            g.scope.clone(),
-        );
-        registry.register(
-            "fleet_members",
-            "Sidecars the retry budgets are split among (1 per Pod)",
-            g.members.clone(),
-        );
-        registry.register(
-            "fleet_member",
-            "This sidecar's index among them (sorted by Lease name); it books slots s with s mod members = member",
-            g.member.clone(),
-        );
-        registry.register(
-            "fleet_membership_stale",
-            "1 while the membership cannot be refreshed (API unreachable, own Lease not renewed): the last one is kept",
-            g.stale.clone(),
-        );
-        registry.register(
-            "fleet_lease_renewed_timestamp_seconds",
-            "When this sidecar's Lease was last renewed, in Unix seconds (0: never)",
-            g.renewed_at.clone(),
-        );
-        registry.register(
-            "fleet_membership_changes",
-            "Changes of the budget scope or membership since the start",
-            g.changes.clone(),
-        );
-        registry.register(
-            "fleet_leases",
-            "Sidecar Leases of the ConfigMap this sidecar remembers (state=seen) and may still count (state=live): what judging membership walks",
-            g.leases.clone(),
-        );
-        g
-    }
-
-    fn set(&self, fleet: &FleetShare) {
-        let scope = fleet.scope();
-        for s in ["pod", "fleet"] {
-            self.scope
-                .get_or_create(&[("scope", s)])
-                .set(i64::from(scope.as_str() == s));
-        }
-        let share = scope.share();
-        self.members.set(i64::from(share.members));
-        self.member.set(i64::from(share.member));
-        self.stale
-            .set(i64::from(fleet.stale() && scope != BudgetScope::PerPod));
-        self.renewed_at.set(fleet.renewed_ms() as f64 / 1e3);
-        self.changes
-            .set(i64::try_from(fleet.changes()).unwrap_or(i64::MAX));
-        let (seen, live) = fleet.leases();
-        for (state, n) in [("seen", seen), ("live", live)] {
-            self.leases
-                .get_or_create(&[("state", state)])
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-}
-
-/// Per-policy retry-budget series, labelled `policy="namespace/name"`.
-struct BudgetFamilies {
-    admitted: Family<Labels, Counter>,
-    stretched: Family<Labels, Counter>,
-    deadline: Family<Labels, Counter>,
-    repeats: Family<Labels, Counter>,
-    added_delay: Family<Labels, Histogram>,
-}
-
-impl BudgetFamilies {
-    fn register(registry: &mut Registry) -> Self {
-        let f = Self {
-            admitted: Family::default(),
-            stretched: Family::default(),
-            deadline: Family::default(),
-            repeats: Family::default(),
-            // 10 ms to about 12 h: a stretch is at least part of a slot (1 ms to 60 s) and
-            // grows with the backlog.
-            added_delay: Family::new_with_constructor(
-                (|| Histogram::new(exponential_buckets(0.01, 4.0, 12))) as fn() -> Histogram,
-            ),
-        };
-        registry.register(
-            "retry_budget_admitted",
-            "Retries booked into a retry-budget slot, by policy (repeated questions excluded)",
-            f.admitted.clone(),
-        );
-        registry.register(
-            "retry_budget_stretched",
-            "Admitted retries whose delay the budget stretched to a later slot, by policy",
-            f.stretched.clone(),
-        );
-        registry.register(
-            "retry_budget_deadline",
-            "Retries given up (DEADLINE) because the budget's next free slot lay past the deadline, by policy",
-            f.deadline.clone(),
-        );
-        registry.register(
-            "retry_budget_repeats",
-            "Repeated questions answered from the budget's memo without taking a slot, by policy",
-            f.repeats.clone(),
-        );
-        registry.register(
-            "retry_budget_added_delay_seconds",
-            "Delay the budget added to stretched retries, by policy",
-            f.added_delay.clone(),
-        );
-        f
-    }
-}
-
-/// One policy's handles into [`BudgetFamilies`].
-#[derive(Clone, Debug)]
-pub struct BudgetSeries {
-    pub admitted: Counter,
-    pub stretched: Counter,
-    pub deadline: Counter,
-    pub repeats: Counter,
-    pub added_delay: Histogram,
+    vec![("policy", LabelText(identity.into()))]
 }
 
 /// The content type of [`Metrics::render`]'s output.
@@ -576,13 +422,16 @@ mod tests {
     #[test]
     fn renders_counters_states_and_escapes_labels() {
         let m = Metrics::default();
-        m.count(Outcome::Retry);
-        m.count(Outcome::Retry);
+        m.count_rejected(Rejection::NotFound);
+        m.count_rejected(Rejection::NotFound);
         m.reload_failed();
         m.decided(Duration::from_micros(3));
         let text = m.render(ConfigState::None, None);
         assert_eq!(
-            sample(&text, "rebound_sidecar_decisions_total{outcome=\"retry\"}"),
+            sample(
+                &text,
+                "rebound_sidecar_rejected_requests_total{code=\"not_found\"}"
+            ),
             Some(2.0)
         );
         assert_eq!(
@@ -619,7 +468,6 @@ mod tests {
         let loaded = m.render(
             ConfigState::Active,
             Some(ConfigView {
-                namespace: "ns",
                 hash: "a\"b\\c\nd",
                 origin: "test",
                 sequence: 2,
@@ -638,7 +486,7 @@ mod tests {
         assert_eq!(
             sample(
                 &loaded,
-                "rebound_sidecar_config_info{namespace=\"ns\",hash=\"a\\\"b\\\\c\\nd\",origin=\"test\"}"
+                "rebound_sidecar_config_info{config_hash=\"a\\\"b\\\\c\\nd\",origin=\"test\"}"
             ),
             Some(1.0),
             "label values escaped: {loaded}"

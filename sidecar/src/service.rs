@@ -56,12 +56,9 @@ impl RetryAdvisor for Advisor {
             let answered = answer::decide_one(cfg, request.get_ref(), now);
             metrics.decided(started.elapsed());
             match answered {
-                Ok((response, outcome)) => {
-                    metrics.count(outcome);
-                    Ok(Response::new(response))
-                }
+                Ok((response, _)) => Ok(Response::new(response)),
                 Err(e) => {
-                    metrics.count(e.outcome());
+                    metrics.count_rejected(e.rejection());
                     Err(e.into())
                 }
             }
@@ -76,10 +73,11 @@ impl RetryAdvisor for Advisor {
         let now = (self.clock)();
         self.with_config(|cfg| {
             let started = Instant::now();
-            let answered = answer::decide_batch(cfg, request.get_ref(), now, |o| metrics.count(o));
+            let answered =
+                answer::decide_batch(cfg, request.get_ref(), now, |r| metrics.count_rejected(r));
             metrics.decided_batch(started.elapsed());
             answered.map(Response::new).map_err(|e| {
-                metrics.count(e.outcome());
+                metrics.count_rejected(e.rejection());
                 e.into()
             })
         })

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::{
     answer::Snapshot,
-    metrics::{ConfigState, ConfigView, Metrics},
+    metrics::{ConfigState, ConfigView, Decisions, Metrics},
     retry_budgets::Budgets,
 };
 
@@ -46,10 +46,16 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn new(doc: CompiledDocument, origin: String, sequence: u64, budgets: Budgets) -> Self {
+    pub fn new(
+        doc: CompiledDocument,
+        origin: String,
+        sequence: u64,
+        budgets: Budgets,
+        decisions: Decisions,
+    ) -> Self {
         Self {
             policies: doc.policies.len(),
-            snapshot: Snapshot::with_budgets(doc, budgets),
+            snapshot: Snapshot::with_series(doc, budgets, decisions),
             origin,
             sequence,
             loaded_at: SystemTime::now(),
@@ -67,7 +73,6 @@ impl Loaded {
     /// What metrics report about it.
     pub fn view(&self) -> ConfigView<'_> {
         ConfigView {
-            namespace: self.namespace(),
             hash: self.hash(),
             origin: &self.origin,
             sequence: self.sequence,
@@ -322,13 +327,20 @@ impl Store {
             return false;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        // Budgets carry over from the configuration being replaced.
+        // Budgets and decision series carry over from the configuration being replaced.
         let budgets = Budgets::build(
             &doc,
             self.current.load().as_deref().map(|c| &c.snapshot.budgets),
             &self.metrics,
         );
-        let loaded = Arc::new(Loaded::new(doc, origin.to_owned(), sequence, budgets));
+        let decisions = self.metrics.decisions().build(&doc);
+        let loaded = Arc::new(Loaded::new(
+            doc,
+            origin.to_owned(),
+            sequence,
+            budgets,
+            decisions,
+        ));
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();
         self.metrics.reloaded(took);
@@ -348,7 +360,12 @@ impl Store {
             "configuration loaded"
         );
         self.loaded.send_replace(true);
-        drop_off_request_path(old);
+        if let Some(old) = old {
+            let old = drop_off_request_path(old);
+            self.metrics
+                .decisions()
+                .retire(&old.snapshot.decisions, &loaded.snapshot.decisions);
+        }
         true
     }
 
@@ -386,16 +403,15 @@ pub fn release_freed_memory() {
 }
 
 /// Waits briefly for requests still holding the old table so that freeing 10,000 entries
-/// happens on the loader's thread, not inside a request.
-fn drop_off_request_path(old: Option<Arc<Loaded>>) {
-    let Some(old) = old else { return };
+/// happens on the loader's thread, not inside a request; the caller drops what it returns.
+fn drop_off_request_path(old: Arc<Loaded>) -> Arc<Loaded> {
     for _ in 0..100 {
         if Arc::strong_count(&old) == 1 {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    drop(old);
+    old
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use rebound_sidecar::{
     pb::v1::{self as pb, retry_advisor_client::RetryAdvisorClient},
     testkit,
 };
-use rebound_test_support::{free_port, http_get};
+use rebound_test_support::{free_port, http_get, metrics::Samples};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 #[tokio::test]
@@ -153,21 +153,31 @@ async fn the_binary_serves_tcp_uds_and_metrics_and_stops_on_sigterm() {
         Some(1.0),
         "{body}"
     );
+    let samples = Samples::parse(body).expect("an exposition");
     assert_eq!(
-        common::sample(
-            body,
-            "rebound_sidecar_decisions_total{outcome=\"give_up_max_attempts\"}"
+        samples.value(
+            "rebound_sidecar_decisions_total",
+            &[
+                ("policy", "demo/webhooks"),
+                ("outcome", "give_up"),
+                ("disposition", "dead_letter"),
+                ("reason", "max_attempts"),
+            ]
         ),
         Some(2.0),
         "{body}"
     );
-    let info = body
-        .lines()
-        .find(|l| l.starts_with("rebound_sidecar_config_info{"))
-        .expect("config_info");
+    let info: Vec<_> = samples
+        .matching("rebound_sidecar_config_info", &[])
+        .collect();
+    assert_eq!(info.len(), 1, "{body}");
     assert!(
-        info.starts_with("rebound_sidecar_config_info{namespace=\"demo\","),
-        "{info}"
+        info[0]
+            .labels
+            .get("config_hash")
+            .is_some_and(|h| h.starts_with("sha256:"))
+            && !info[0].labels.contains_key("namespace"),
+        "the hash as the operator reports it, no namespace label: {info:?}"
     );
 
     // SIGTERM: exit 0, socket removed.
@@ -301,7 +311,7 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
         .spawn()
         .expect("spawn rebound-sidecar");
     let _sidecar = Sidecar(child);
-    let mut namespace = None;
+    let mut loaded = false;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if TcpStream::connect(admin).is_err() {
@@ -311,17 +321,13 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
             .await
             .expect("get")
             .expect("GET /metrics");
-        namespace = response
-            .body
-            .lines()
-            .find_map(|l| l.strip_prefix("rebound_sidecar_config_info{namespace=\""))
-            .and_then(|rest| rest.split_once('"'))
-            .map(|(ns, _)| ns.to_owned());
-        if namespace.is_some() {
+        let samples = Samples::parse(&response.body).expect("an exposition");
+        loaded = samples.value("rebound_sidecar_config_state", &[("state", "active")]) == Some(1.0);
+        if loaded {
             break;
         }
     }
-    assert_eq!(namespace.as_deref(), Some("team-a"));
+    assert!(loaded, "the manifests were loaded");
     let answer = RetryAdvisorClient::new(client::tcp_channel(grpc).await.expect("tcp"))
         .decide(pb::DecideRequest {
             queue: "webhooks".into(),
@@ -331,6 +337,17 @@ async fn settings_come_from_rebound_variables_and_the_namespace_from_the_pod() {
         .await
         .expect("decide")
         .into_inner();
+    // The policy label is `namespace/name`: the manifests were compiled for it.
+    let response = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+        .await
+        .expect("get")
+        .expect("GET /metrics");
+    let policies: Vec<_> = Samples::parse(&response.body)
+        .expect("an exposition")
+        .matching("rebound_sidecar_decisions_total", &[])
+        .filter_map(|s| s.labels.get("policy").cloned())
+        .collect();
+    assert_eq!(policies, ["team-a/webhooks"]);
     assert_eq!(
         answer.policy.map(|p| p.namespace),
         Some("team-a".to_owned())

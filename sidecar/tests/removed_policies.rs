@@ -90,7 +90,7 @@ async fn an_empty_document_means_no_policies_and_a_broken_one_keeps_the_last_goo
     let m = scrape(server.admin).await;
     assert_eq!(m.get("rebound_sidecar_config_policies"), Some(&0.0));
     let info = format!(
-        "rebound_sidecar_config_info{{namespace=\"team-a\",hash=\"{}\",origin=\"{}\"}}",
+        "rebound_sidecar_config_info{{config_hash=\"{}\",origin=\"{}\"}}",
         empty.hash,
         dir.join(KEY).display()
     );

@@ -3,6 +3,8 @@
 //! It depends on no other crate of the workspace, so every crate can take it as a
 //! dev-dependency without a cycle between crates.
 
+pub mod metrics;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

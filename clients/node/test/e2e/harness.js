@@ -339,7 +339,7 @@ class Stack {
     const metrics = await this.sidecarMetrics();
     const state = metrics.find((m) => m.name === 'rebound_sidecar_config_state' && m.value === 1)?.labels.state;
     if (state !== 'active' && state !== 'empty') return null;
-    return metrics.find((m) => m.name === 'rebound_sidecar_config_info')?.labels.hash ?? null;
+    return metrics.find((m) => m.name === 'rebound_sidecar_config_info')?.labels.config_hash ?? null;
   }
 
   /** The compiled document of the namespace's ConfigMap, or null if there is none yet. */

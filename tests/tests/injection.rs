@@ -113,6 +113,16 @@ fn cases() -> Vec<(&'static str, Value, bool)> {
             true,
         ),
         (
+            "metrics on",
+            on("metrics-on", json!({"rebound.dev/metrics": "true"})),
+            true,
+        ),
+        (
+            "metrics off",
+            on("metrics-off", json!({"rebound.dev/metrics": "false"})),
+            true,
+        ),
+        (
             "opt-out",
             pod("opt-out", json!({"rebound.dev/inject": "false"})),
             false,
@@ -143,6 +153,31 @@ fn is_injected(pod: &Value) -> bool {
     pod.pointer("/spec/initContainers/0/name") == Some(&json!("rebound-sidecar"))
 }
 
+/// Whether the injected sidecar serves `/metrics` on its admin port (the Pod IP).
+fn serves_metrics(pod: &Value) -> bool {
+    pod.pointer("/spec/initContainers/0/args")
+        .and_then(Value::as_array)
+        .is_some_and(|args| args.iter().any(|a| a == "--metrics-beyond-loopback"))
+}
+
+/// The cases of the parameter `metrics`: (case, Pod, serves /metrics?) with the parameter
+/// off (the default) and on.
+fn metrics_cases(param: bool) -> Vec<(&'static str, Value, bool)> {
+    vec![
+        ("no annotation", on("metrics-default", json!({})), param),
+        (
+            "annotation true",
+            on("metrics-true", json!({"rebound.dev/metrics": "true"})),
+            true,
+        ),
+        (
+            "annotation false",
+            on("metrics-false", json!({"rebound.dev/metrics": "false"})),
+            false,
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -151,7 +186,7 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
         .cluster
         .create_namespace(&env.client, "inject-system")
         .await?;
-    let installed = Installed::apply(env.cluster, &system, IMAGE)?;
+    let mut installed = Installed::apply(env.cluster, &system, IMAGE)?;
     installed
         .wait_until_in_effect(&env.client, &env.namespace)
         .await?;
@@ -190,6 +225,33 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     }
     ensure!(failures.is_empty(), "{}", failures.join("\n"));
 
+    // The parameter `metrics`, off (the chart's default) then on, and the annotation
+    // overriding it either way: the flag is there exactly when asked, policy and CLI alike.
+    for param in [false, true] {
+        if param {
+            installed.set_param(IMAGE, "metrics", "true")?;
+            wait_for_metrics_param(&env, &installed).await?;
+        }
+        for (case, pod, expected) in metrics_cases(param) {
+            let (_, by_policy, by_cli) =
+                admitted_pair(&env, &env.namespace, &installed, &pod, &[]).await?;
+            let diff = differences(&by_policy, &by_cli);
+            if !diff.is_empty() {
+                failures.push(format!(
+                    "parameter {param}, {case}: policy vs CLI:\n  {}",
+                    diff.join("\n  ")
+                ));
+            }
+            if serves_metrics(&by_policy) != expected {
+                failures.push(format!(
+                    "parameter {param}, {case}: --metrics-beyond-loopback {}, expected {expected}",
+                    !expected
+                ));
+            }
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+
     // Injected once only: the admitted Pod, submitted again, comes back as it went in.
     let once = create_pod(&env.client, &env.namespace, &on("again", json!({})), true).await?;
     let mut resubmit = comparable(once.clone());
@@ -200,6 +262,23 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     let diff = differences(&comparable(once), &twice);
     ensure!(diff.is_empty(), "injected twice:\n  {}", diff.join("\n  "));
     Ok(())
+}
+
+/// Until the API server's copy of the parameters has `metrics: "true"` (its informer
+/// follows the ConfigMap within about a second).
+async fn wait_for_metrics_param(env: &TestEnv, installed: &Installed<'_>) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let probe = create_pod(&env.client, &env.namespace, &on("probe", json!({})), true).await?;
+        if serves_metrics(&probe) {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the parameter metrics=true did not reach the policy within 30s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -305,6 +384,7 @@ async fn malformed_overrides_are_refused_naming_the_annotation() -> Result<()> {
         ("rebound.dev/sidecar-memory-limit", "-64Mi"),
         ("rebound.dev/log-level", "loud"),
         ("rebound.dev/transport", "udp"),
+        ("rebound.dev/metrics", "yes"),
         ("rebound.dev/sidecar-cpu", "10m"),
     ] {
         let bad = on("bad", json!({key: value}));

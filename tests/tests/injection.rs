@@ -230,7 +230,7 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     for param in [false, true] {
         if param {
             installed.set_param(IMAGE, "metrics", "true")?;
-            wait_for_metrics_param(&env, &installed).await?;
+            wait_for_metrics_param(&env).await?;
         }
         for (case, pod, expected) in metrics_cases(param) {
             let (_, by_policy, by_cli) =
@@ -266,7 +266,7 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
 
 /// Until the API server's copy of the parameters has `metrics: "true"` (its informer
 /// follows the ConfigMap within about a second).
-async fn wait_for_metrics_param(env: &TestEnv, installed: &Installed<'_>) -> Result<()> {
+async fn wait_for_metrics_param(env: &TestEnv) -> Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let probe = create_pod(&env.client, &env.namespace, &on("probe", json!({})), true).await?;

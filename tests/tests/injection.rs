@@ -2,7 +2,9 @@
 //! --admission-policy` generates, fed a table of Pods, give field for field what `rebound
 //! inject` writes for the same Pods (both created by server-side dry-run, so both get the
 //! server's defaults). Pods not asking, and Pods in excluded namespaces, are admitted as
-//! submitted; malformed overrides are refused naming the annotation.
+//! submitted; malformed overrides are refused naming the annotation. The real sidecar
+//! binary, started with an injected Pod's arguments, serves `/metrics` beyond loopback
+//! exactly when the Pod asks.
 
 use anyhow::{Context as _, Result, bail, ensure};
 use rebound_tests::injection::{Installed, cli_inject, comparable, create_pod, differences};
@@ -446,6 +448,104 @@ async fn malformed_overrides_are_refused_naming_the_annotation() -> Result<()> {
     ensure!(
         json_contains(&admitted, &other),
         "a Pod not asking was changed"
+    );
+    Ok(())
+}
+
+/// A process this test started, killed and reaped on drop (on failure too).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What `GET /metrics` on the admin port gets from the real sidecar binary started with
+/// the arguments and environment an injected Pod's sidecar gets (file mode): the kubelet's
+/// `$(POD_IP)` expanded to 0.0.0.0 (beyond loopback, like a Pod IP, and reachable here on
+/// 127.0.0.1), the port and the Pod's paths moved into a temporary directory.
+fn scrape_injected_sidecar(annotations: Value) -> Result<rebound_test_support::HttpResponse> {
+    let params = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        params.path(),
+        serde_json::to_string(&rebound_tests::injection::params("rebound-system", IMAGE))?,
+    )?;
+    let mut annotations = annotations;
+    annotations["rebound.dev/inject"] = json!("true");
+    annotations["rebound.dev/mode"] = json!("file");
+    let injected = cli_inject(&pod("scraped", annotations), params.path(), &[])?;
+    let sidecar = &injected["spec"]["initContainers"][0];
+    let tmp = tempfile::tempdir()?;
+    let policies = tmp.path().join("policies");
+    std::fs::create_dir(&policies)?;
+    let admin = rebound_test_support::free_port()?;
+    let args: Vec<String> = sidecar["args"]
+        .as_array()
+        .context("no args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|a| {
+            a.replace("$(POD_IP):7412", &format!("0.0.0.0:{}", admin.port()))
+                .replace("/etc/rebound", &policies.display().to_string())
+                .replace("/run/rebound", &tmp.path().display().to_string())
+        })
+        .collect();
+    let env: Vec<(String, String)> = sidecar["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let _sidecar = Running(
+        std::process::Command::new(rebound_test_support::workspace_binary("rebound-sidecar")?)
+            .args(&args)
+            .envs(env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?,
+    );
+    rebound_test_support::eventually_blocking(
+        "the sidecar's admin port",
+        std::time::Duration::from_secs(30),
+        || Ok(rebound_test_support::http_get(admin, "/metrics").ok()),
+    )
+}
+
+/// The sidecar an injected Pod gets serves `/metrics` on its Pod IP when the annotation
+/// (or the parameter) asks, and only health there otherwise.
+#[test]
+fn the_injected_sidecar_serves_metrics_beyond_loopback_exactly_when_asked() -> Result<()> {
+    let on = scrape_injected_sidecar(json!({"rebound.dev/metrics": "true"}))?;
+    ensure!(
+        on.header("content-type")
+            .is_some_and(|t| t.starts_with("application/openmetrics-text")),
+        "metrics on: content type {:?}",
+        on.header("content-type")
+    );
+    let state = on
+        .clone()
+        .ok()?
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(name, _)| *name == "rebound_sidecar_config_state{state=\"none\"}")
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok());
+    ensure!(
+        state == Some(1.0),
+        "metrics on: config state sample {state:?}"
+    );
+    // Off (the default): the gRPC router answers the path, no metrics.
+    let off = scrape_injected_sidecar(json!({}))?;
+    ensure!(
+        off.header("content-type") == Some("application/grpc"),
+        "metrics off: content type {:?}",
+        off.header("content-type")
     );
     Ok(())
 }

@@ -463,25 +463,15 @@ impl Drop for Running {
 }
 
 /// What `GET /metrics` on the admin port gets from the real sidecar binary started with
-/// the arguments and environment an injected Pod's sidecar gets (file mode): the kubelet's
+/// the arguments and environment of `container` (a file-mode sidecar): the kubelet's
 /// `$(POD_IP)` expanded to 0.0.0.0 (beyond loopback, like a Pod IP, and reachable here on
 /// 127.0.0.1), the port and the Pod's paths moved into a temporary directory.
-fn scrape_injected_sidecar(annotations: Value) -> Result<rebound_test_support::HttpResponse> {
-    let params = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        params.path(),
-        serde_json::to_string(&rebound_tests::injection::params("rebound-system", IMAGE))?,
-    )?;
-    let mut annotations = annotations;
-    annotations["rebound.dev/inject"] = json!("true");
-    annotations["rebound.dev/mode"] = json!("file");
-    let injected = cli_inject(&pod("scraped", annotations), params.path(), &[])?;
-    let sidecar = &injected["spec"]["initContainers"][0];
+fn scrape_sidecar(container: &Value) -> Result<rebound_test_support::HttpResponse> {
     let tmp = tempfile::tempdir()?;
     let policies = tmp.path().join("policies");
     std::fs::create_dir(&policies)?;
     let admin = rebound_test_support::free_port()?;
-    let args: Vec<String> = sidecar["args"]
+    let args: Vec<String> = container["args"]
         .as_array()
         .context("no args")?
         .iter()
@@ -492,7 +482,7 @@ fn scrape_injected_sidecar(annotations: Value) -> Result<rebound_test_support::H
                 .replace("/run/rebound", &tmp.path().display().to_string())
         })
         .collect();
-    let env: Vec<(String, String)> = sidecar["env"]
+    let env: Vec<(String, String)> = container["env"]
         .as_array()
         .into_iter()
         .flatten()
@@ -518,28 +508,47 @@ fn scrape_injected_sidecar(annotations: Value) -> Result<rebound_test_support::H
     )
 }
 
-/// The sidecar an injected Pod gets serves `/metrics` on its Pod IP when the annotation
-/// (or the parameter) asks, and only health there otherwise.
-#[test]
-fn the_injected_sidecar_serves_metrics_beyond_loopback_exactly_when_asked() -> Result<()> {
-    let on = scrape_injected_sidecar(json!({"rebound.dev/metrics": "true"}))?;
+/// The sidecar of a Pod injected in file mode with these annotations, scraped.
+fn scrape_injected_sidecar(annotations: Value) -> Result<rebound_test_support::HttpResponse> {
+    let params = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        params.path(),
+        serde_json::to_string(&rebound_tests::injection::params("rebound-system", IMAGE))?,
+    )?;
+    let mut annotations = annotations;
+    annotations["rebound.dev/inject"] = json!("true");
+    annotations["rebound.dev/mode"] = json!("file");
+    let injected = cli_inject(&pod("scraped", annotations), params.path(), &[])?;
+    scrape_sidecar(&injected["spec"]["initContainers"][0])
+}
+
+/// An OpenMetrics answer with the sidecar's configuration state (none: no policies).
+fn serves_openmetrics(response: &rebound_test_support::HttpResponse) -> Result<()> {
     ensure!(
-        on.header("content-type")
+        response
+            .header("content-type")
             .is_some_and(|t| t.starts_with("application/openmetrics-text")),
-        "metrics on: content type {:?}",
-        on.header("content-type")
+        "content type {:?}",
+        response.header("content-type")
     );
-    let state = on
+    let state = response
         .clone()
         .ok()?
         .lines()
         .filter_map(|l| l.split_once(' '))
         .find(|(name, _)| *name == "rebound_sidecar_config_state{state=\"none\"}")
         .and_then(|(_, v)| v.trim().parse::<f64>().ok());
-    ensure!(
-        state == Some(1.0),
-        "metrics on: config state sample {state:?}"
-    );
+    ensure!(state == Some(1.0), "config state sample {state:?}");
+    Ok(())
+}
+
+/// The sidecar an injected Pod gets serves `/metrics` on its Pod IP when the annotation
+/// (or the parameter) asks, and only health there otherwise; the hand-written sidecar of
+/// `examples/worker/worker.yaml` (what the hand-written PodMonitor selects) serves it.
+#[test]
+fn the_injected_sidecar_serves_metrics_beyond_loopback_exactly_when_asked() -> Result<()> {
+    let on = scrape_injected_sidecar(json!({"rebound.dev/metrics": "true"}))?;
+    serves_openmetrics(&on).context("metrics on")?;
     // Off (the default): the gRPC router answers the path, no metrics.
     let off = scrape_injected_sidecar(json!({}))?;
     ensure!(
@@ -547,5 +556,13 @@ fn the_injected_sidecar_serves_metrics_beyond_loopback_exactly_when_asked() -> R
         "metrics off: content type {:?}",
         off.header("content-type")
     );
+
+    let file = "examples/worker/worker.yaml";
+    let deployment = rebound_tests::yaml_documents(&rebound_tests::repo_root().join(file))?
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .with_context(|| format!("no Deployment in {file}"))?;
+    let sidecar = &deployment["spec"]["template"]["spec"]["initContainers"][0];
+    serves_openmetrics(&scrape_sidecar(sidecar)?).context(file)?;
     Ok(())
 }

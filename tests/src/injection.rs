@@ -34,6 +34,7 @@ pub fn params(namespace: &str, image: &str) -> Value {
             "cpuRequest": "10m",
             "memoryRequest": "16Mi",
             "memoryLimit": "64Mi",
+            "metrics": "false",
         }
     })
 }
@@ -83,6 +84,17 @@ impl<'a> Installed<'a> {
             .ok()?;
         installed.apply_params(&params)?;
         Ok(installed)
+    }
+
+    /// Changes one parameter, in the cluster and in the file the CLI reads.
+    pub fn set_param(&mut self, image: &str, key: &str, value: &str) -> Result<()> {
+        let mut params = params(&self.namespace, image);
+        params["data"][key] = json!(value);
+        let text = serde_json::to_string(&params)?;
+        let mut file = tempfile::NamedTempFile::new()?;
+        file.write_all(text.as_bytes())?;
+        self.params_file = file;
+        self.apply_params(&text)
     }
 
     pub fn apply_params(&self, params: &str) -> Result<()> {

@@ -2,7 +2,9 @@
 //! --admission-policy` generates, fed a table of Pods, give field for field what `rebound
 //! inject` writes for the same Pods (both created by server-side dry-run, so both get the
 //! server's defaults). Pods not asking, and Pods in excluded namespaces, are admitted as
-//! submitted; malformed overrides are refused naming the annotation.
+//! submitted; malformed overrides are refused naming the annotation. The real sidecar
+//! binary, started with an injected Pod's arguments, serves `/metrics` beyond loopback
+//! exactly when the Pod asks.
 
 use anyhow::{Context as _, Result, bail, ensure};
 use rebound_tests::injection::{Installed, cli_inject, comparable, create_pod, differences};
@@ -113,6 +115,16 @@ fn cases() -> Vec<(&'static str, Value, bool)> {
             true,
         ),
         (
+            "metrics on",
+            on("metrics-on", json!({"rebound.dev/metrics": "true"})),
+            true,
+        ),
+        (
+            "metrics off",
+            on("metrics-off", json!({"rebound.dev/metrics": "false"})),
+            true,
+        ),
+        (
             "opt-out",
             pod("opt-out", json!({"rebound.dev/inject": "false"})),
             false,
@@ -143,6 +155,31 @@ fn is_injected(pod: &Value) -> bool {
     pod.pointer("/spec/initContainers/0/name") == Some(&json!("rebound-sidecar"))
 }
 
+/// Whether the injected sidecar serves `/metrics` on its admin port (the Pod IP).
+fn serves_metrics(pod: &Value) -> bool {
+    pod.pointer("/spec/initContainers/0/args")
+        .and_then(Value::as_array)
+        .is_some_and(|args| args.iter().any(|a| a == "--metrics-beyond-loopback"))
+}
+
+/// The cases of the parameter `metrics`: (case, Pod, serves /metrics?) with the parameter
+/// off (the default) and on.
+fn metrics_cases(param: bool) -> Vec<(&'static str, Value, bool)> {
+    vec![
+        ("no annotation", on("metrics-default", json!({})), param),
+        (
+            "annotation true",
+            on("metrics-true", json!({"rebound.dev/metrics": "true"})),
+            true,
+        ),
+        (
+            "annotation false",
+            on("metrics-false", json!({"rebound.dev/metrics": "false"})),
+            false,
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -151,7 +188,7 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
         .cluster
         .create_namespace(&env.client, "inject-system")
         .await?;
-    let installed = Installed::apply(env.cluster, &system, IMAGE)?;
+    let mut installed = Installed::apply(env.cluster, &system, IMAGE)?;
     installed
         .wait_until_in_effect(&env.client, &env.namespace)
         .await?;
@@ -190,6 +227,33 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     }
     ensure!(failures.is_empty(), "{}", failures.join("\n"));
 
+    // The parameter `metrics`, off (the chart's default) then on, and the annotation
+    // overriding it either way: the flag is there exactly when asked, policy and CLI alike.
+    for param in [false, true] {
+        if param {
+            installed.set_param(IMAGE, "metrics", "true")?;
+            wait_for_metrics_param(&env).await?;
+        }
+        for (case, pod, expected) in metrics_cases(param) {
+            let (_, by_policy, by_cli) =
+                admitted_pair(&env, &env.namespace, &installed, &pod, &[]).await?;
+            let diff = differences(&by_policy, &by_cli);
+            if !diff.is_empty() {
+                failures.push(format!(
+                    "parameter {param}, {case}: policy vs CLI:\n  {}",
+                    diff.join("\n  ")
+                ));
+            }
+            if serves_metrics(&by_policy) != expected {
+                failures.push(format!(
+                    "parameter {param}, {case}: --metrics-beyond-loopback {}, expected {expected}",
+                    !expected
+                ));
+            }
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+
     // Injected once only: the admitted Pod, submitted again, comes back as it went in.
     let once = create_pod(&env.client, &env.namespace, &on("again", json!({})), true).await?;
     let mut resubmit = comparable(once.clone());
@@ -200,6 +264,23 @@ async fn the_policy_injects_exactly_what_the_cli_renders() -> Result<()> {
     let diff = differences(&comparable(once), &twice);
     ensure!(diff.is_empty(), "injected twice:\n  {}", diff.join("\n  "));
     Ok(())
+}
+
+/// Until the API server's copy of the parameters has `metrics: "true"` (its informer
+/// follows the ConfigMap within about a second).
+async fn wait_for_metrics_param(env: &TestEnv) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let probe = create_pod(&env.client, &env.namespace, &on("probe", json!({})), true).await?;
+        if serves_metrics(&probe) {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the parameter metrics=true did not reach the policy within 30s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -305,6 +386,7 @@ async fn malformed_overrides_are_refused_naming_the_annotation() -> Result<()> {
         ("rebound.dev/sidecar-memory-limit", "-64Mi"),
         ("rebound.dev/log-level", "loud"),
         ("rebound.dev/transport", "udp"),
+        ("rebound.dev/metrics", "yes"),
         ("rebound.dev/sidecar-cpu", "10m"),
     ] {
         let bad = on("bad", json!({key: value}));
@@ -367,5 +449,120 @@ async fn malformed_overrides_are_refused_naming_the_annotation() -> Result<()> {
         json_contains(&admitted, &other),
         "a Pod not asking was changed"
     );
+    Ok(())
+}
+
+/// A process this test started, killed and reaped on drop (on failure too).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What `GET /metrics` on the admin port gets from the real sidecar binary started with
+/// the arguments and environment of `container` (a file-mode sidecar): the kubelet's
+/// `$(POD_IP)` expanded to 0.0.0.0 (beyond loopback, like a Pod IP, and reachable here on
+/// 127.0.0.1), the port and the Pod's paths moved into a temporary directory.
+fn scrape_sidecar(container: &Value) -> Result<rebound_test_support::HttpResponse> {
+    let tmp = tempfile::tempdir()?;
+    let policies = tmp.path().join("policies");
+    std::fs::create_dir(&policies)?;
+    let admin = rebound_test_support::free_port()?;
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .context("no args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|a| {
+            a.replace("$(POD_IP):7412", &format!("0.0.0.0:{}", admin.port()))
+                .replace("/etc/rebound", &policies.display().to_string())
+                .replace("/run/rebound", &tmp.path().display().to_string())
+        })
+        .collect();
+    let env: Vec<(String, String)> = container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let _sidecar = Running(
+        std::process::Command::new(rebound_test_support::workspace_binary("rebound-sidecar")?)
+            .args(&args)
+            .envs(env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?,
+    );
+    rebound_test_support::eventually_blocking(
+        "the sidecar's admin port",
+        std::time::Duration::from_secs(30),
+        || Ok(rebound_test_support::http_get(admin, "/metrics").ok()),
+    )
+}
+
+/// The sidecar of a Pod injected in file mode with these annotations, scraped.
+fn scrape_injected_sidecar(annotations: Value) -> Result<rebound_test_support::HttpResponse> {
+    let params = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        params.path(),
+        serde_json::to_string(&rebound_tests::injection::params("rebound-system", IMAGE))?,
+    )?;
+    let mut annotations = annotations;
+    annotations["rebound.dev/inject"] = json!("true");
+    annotations["rebound.dev/mode"] = json!("file");
+    let injected = cli_inject(&pod("scraped", annotations), params.path(), &[])?;
+    scrape_sidecar(&injected["spec"]["initContainers"][0])
+}
+
+/// An OpenMetrics answer with the sidecar's configuration state (none: no policies).
+fn serves_openmetrics(response: &rebound_test_support::HttpResponse) -> Result<()> {
+    ensure!(
+        response
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/openmetrics-text")),
+        "content type {:?}",
+        response.header("content-type")
+    );
+    let state = response
+        .clone()
+        .ok()?
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(name, _)| *name == "rebound_sidecar_config_state{state=\"none\"}")
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok());
+    ensure!(state == Some(1.0), "config state sample {state:?}");
+    Ok(())
+}
+
+/// The sidecar an injected Pod gets serves `/metrics` on its Pod IP when the annotation
+/// (or the parameter) asks, and only health there otherwise; the hand-written sidecar of
+/// `examples/worker/worker.yaml` (what the hand-written PodMonitor selects) serves it.
+#[test]
+fn the_injected_sidecar_serves_metrics_beyond_loopback_exactly_when_asked() -> Result<()> {
+    let on = scrape_injected_sidecar(json!({"rebound.dev/metrics": "true"}))?;
+    serves_openmetrics(&on).context("metrics on")?;
+    // Off (the default): the gRPC router answers the path, no metrics.
+    let off = scrape_injected_sidecar(json!({}))?;
+    ensure!(
+        off.header("content-type") == Some("application/grpc"),
+        "metrics off: content type {:?}",
+        off.header("content-type")
+    );
+
+    let file = "examples/worker/worker.yaml";
+    let deployment = rebound_tests::yaml_documents(&rebound_tests::repo_root().join(file))?
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .with_context(|| format!("no Deployment in {file}"))?;
+    let sidecar = &deployment["spec"]["template"]["spec"]["initContainers"][0];
+    serves_openmetrics(&scrape_sidecar(sidecar)?).context(file)?;
     Ok(())
 }

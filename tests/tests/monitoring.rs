@@ -481,11 +481,40 @@ fn pod_monitors_select_injected_and_hand_written_sidecars() -> Result<()> {
             pod["metadata"]["labels"]
         );
     }
-    let port = &injected["spec"]["podMetricsEndpoints"][0]["port"];
+    let port = injected["spec"]["podMetricsEndpoints"][0]["port"]
+        .as_str()
+        .unwrap_or_default();
     ensure!(
-        port_names(&pod["spec"]).contains(&port.as_str().unwrap_or_default().to_owned()),
+        port_names(&pod["spec"]).contains(&port.to_owned()),
         "the injected Pod has no port {port}"
     );
+    // The port answers /metrics: a sidecar listening beyond loopback serves it only
+    // with --metrics-beyond-loopback.
+    ensure!(
+        serves_metrics(&pod["spec"], port),
+        "the injected sidecar serves no /metrics on {port}: {}",
+        pod["spec"]["initContainers"][0]["args"]
+    );
+    for (sets, expected) in [
+        (vec![], false),
+        (
+            vec!["metrics.podMonitor.enabled=true", "injection.metrics=false"],
+            false,
+        ),
+        (vec!["injection.metrics=true"], true),
+        (
+            vec!["metrics.podMonitor.enabled=false", "injection.metrics=auto"],
+            false,
+        ),
+    ] {
+        let objects = render(&sets)?;
+        let params = find(&objects, "ConfigMap", "rebound-injection")?;
+        ensure!(
+            params["data"]["metrics"] == json!(expected.to_string()),
+            "{sets:?}: the parameter metrics is {}",
+            params["data"]["metrics"]
+        );
+    }
 
     let hand_port = hand["spec"]["podMetricsEndpoints"][0]["port"]
         .as_str()
@@ -499,9 +528,23 @@ fn pod_monitors_select_injected_and_hand_written_sidecars() -> Result<()> {
             .into_iter()
             .find(|d| d["kind"] == "Deployment")
             .with_context(|| format!("no Deployment in {file}"))?;
+        let template = &deployment["spec"]["template"];
         ensure!(
-            port_names(&deployment["spec"]["template"]["spec"]).contains(&hand_port),
+            port_names(&template["spec"]).contains(&hand_port),
             "{file}: no port {hand_port}"
+        );
+        for (k, v) in hand["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .context("no matchLabels")?
+        {
+            ensure!(
+                template["metadata"]["labels"][k] == *v,
+                "{file}: the Pod template lacks {k}={v}"
+            );
+        }
+        ensure!(
+            serves_metrics(&template["spec"], &hand_port),
+            "{file}: the container with port {hand_port} serves no /metrics"
         );
     }
 
@@ -534,6 +577,28 @@ fn port_names(spec: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Whether the container exposing port `port` is a sidecar that serves `/metrics` there:
+/// its admin port listens on the Pod IP, so it needs `--metrics-beyond-loopback`.
+fn serves_metrics(spec: &Value, port: &str) -> bool {
+    ["containers", "initContainers"]
+        .iter()
+        .flat_map(|k| spec[k].as_array().into_iter().flatten())
+        .filter(|c| {
+            c["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["name"] == port)
+        })
+        .any(|c| {
+            c["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|a| a == "--metrics-beyond-loopback")
+        })
+}
+
 #[test]
 fn the_schema_rejects_bad_monitoring_values_naming_the_field() -> Result<()> {
     for (set, pointer) in [
@@ -558,6 +623,7 @@ fn the_schema_rejects_bad_monitoring_values_naming_the_field() -> Result<()> {
             "/metrics/dashboard/namespace",
         ),
         ("metrics.dashboard.enabeld=true", "/metrics/dashboard"),
+        ("injection.metrics=yes", "/injection/metrics"),
     ] {
         let out = Helm::get()?.template(
             "rebound",

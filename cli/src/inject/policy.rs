@@ -46,6 +46,7 @@ fn cond(c: Cond) -> &'static str {
         Cond::Watch => "variables.mode == 'watch'",
         Cond::File => "variables.mode == 'file'",
         Cond::Unix => "variables.transport == 'unix'",
+        Cond::Metrics => "variables.metrics == 'true'",
     }
 }
 

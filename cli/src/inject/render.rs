@@ -43,6 +43,7 @@ impl Resolved {
             Cond::Watch => self.get(Var::Mode) == "watch",
             Cond::File => self.get(Var::Mode) == "file",
             Cond::Unix => self.get(Var::Transport) == "unix",
+            Cond::Metrics => self.get(Var::Metrics) == "true",
         }
     }
 }
@@ -406,6 +407,37 @@ mod tests {
         assert!(out["spec"]["containers"][0].get("volumeMounts").is_none());
     }
 
+    /// Secure by default: `/metrics` leaves loopback only when the parameter or the
+    /// Pod's annotation asks, and the annotation wins either way.
+    #[test]
+    fn metrics_beyond_loopback_follows_the_parameter_and_the_annotation() {
+        let flag = "--metrics-beyond-loopback".to_owned();
+        let mut on = params();
+        on.insert("metrics".to_owned(), "true".to_owned());
+        for (params, annotation, expected) in [
+            (params(), None, false),
+            (params(), Some("true"), true),
+            (on.clone(), None, true),
+            (on.clone(), Some("false"), false),
+            (on, Some("true"), true),
+        ] {
+            let mut annotations = json!({"rebound.dev/inject": "true"});
+            if let Some(v) = annotation {
+                annotations["rebound.dev/metrics"] = json!(v);
+            }
+            let out = match inject(&pod(annotations), &params, false) {
+                Ok(Outcome::Injected(v)) => v,
+                other => panic!("not injected: {other:?}"),
+            };
+            assert_eq!(
+                args(&out).contains(&flag),
+                expected,
+                "parameter {:?}, annotation {annotation:?}",
+                params.get("metrics")
+            );
+        }
+    }
+
     #[test]
     fn malformed_or_unknown_annotations_are_refused_by_name() {
         for (key, value) in [
@@ -416,6 +448,7 @@ mod tests {
             ("rebound.dev/sidecar-memory-limit", "64MB"),
             ("rebound.dev/log-level", "loud"),
             ("rebound.dev/transport", "udp"),
+            ("rebound.dev/metrics", "yes"),
             ("rebound.dev/sidecar-cpu", "10m"),
         ] {
             let p = pod(json!({"rebound.dev/inject": "true", key: value}));

@@ -33,6 +33,7 @@ pub enum Var {
     MemoryLimit,
     Mode,
     Transport,
+    Metrics,
 }
 
 /// Where a [`Var`] comes from, and what an annotation overriding it must look like.
@@ -52,7 +53,7 @@ pub struct Setting {
 const QUANTITY: &str = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$";
 const QUANTITY_TEXT: &str = "a Kubernetes quantity such as 10m, 16Mi or 0.5";
 
-pub const SETTINGS: [Setting; 8] = [
+pub const SETTINGS: [Setting; 9] = [
     Setting {
         var: Var::Image,
         name: "image",
@@ -125,6 +126,17 @@ pub const SETTINGS: [Setting; 8] = [
         pattern: "^(unix|tcp)$",
         expected: "unix or tcp",
     },
+    // Off by default: the admin port listens on the Pod IP, and /metrics names the
+    // namespace's policies to anything that reaches it.
+    Setting {
+        var: Var::Metrics,
+        name: "metrics",
+        annotation: Some("rebound.dev/metrics"),
+        param: Some("metrics"),
+        default: "false",
+        pattern: "^(true|false)$",
+        expected: "\"true\" or \"false\"",
+    },
 ];
 
 /// The check of `rebound.dev/inject` itself: a typo must not silently skip injection.
@@ -151,6 +163,8 @@ pub enum Cond {
     Watch,
     File,
     Unix,
+    /// The admin port serves `/metrics` to a Prometheus scraping the Pod IP.
+    Metrics,
 }
 
 /// A piece of the injected objects: literals, resolved settings, conditional list items.
@@ -235,8 +249,10 @@ pub fn sidecar() -> T {
                 when(Cond::Unix, s("--uds-mode=0666")),
                 when(Cond::Unix, s("--no-tcp")),
                 always(s("--admin-listen=$(POD_IP):7412")),
-                // Only the admin port (gRPC health for the kubelet) leaves loopback.
+                // Only the admin port (gRPC health for the kubelet, /metrics when asked) leaves
+                // loopback.
                 always(s("--allow-non-loopback")),
+                when(Cond::Metrics, s("--metrics-beyond-loopback")),
                 always(s("--log-format=json")),
             ]),
         ),

@@ -9,13 +9,16 @@
 # logs`), all in seconds after /readyz, plus the worker answers that did not come from
 # the sidecar meanwhile.
 #
-#   dev/measure-apiserver-restart.sh [--outages "10 20 60"] [--keep] STATE_DIR
+#   dev/measure-apiserver-restart.sh [--outages "10 20 60"] [--log-level FILTER] [--keep] STATE_DIR
 #
 # Starts the node in STATE_DIR if it is not up (root; one node per machine), builds and
 # imports the images (dev/build-images.sh, dev/node-images.sh), installs both charts.
 # Stops the node (dev/cluster-down.sh STATE_DIR) at the end, on failure too, unless
-# --keep. One line per outage on stdout:
-#   outage=20s compiled=1.31s workers=1.35,1.36,1.40s fallbacks=0
+# --keep (the operator's logs, at --log-level, an EnvFilter such as
+# "info,rebound_operator=debug", stay readable with kubectl until then). One line per
+# outage on stdout:
+#   outage=20s crd_watch=1.20s compiled=1.31s workers=1.35,1.36,1.40s fallbacks=0
+# (crd_watch: when the new API server first served a RetryPolicy watch)
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/usage.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
@@ -23,6 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 outages="10 20 60"
 keep=0
+log_level=info
 state=""
 while (($#)); do
   case "$1" in
@@ -32,6 +36,11 @@ while (($#)); do
       shift 2
       ;;
     --keep) keep=1; shift ;;
+    --log-level)
+      (($# >= 2)) || { echo "error: --log-level needs a filter" >&2; exit 2; }
+      log_level="$2"
+      shift 2
+      ;;
     -h | --help)
       usage_from_header "${BASH_SOURCE[0]}"
       exit 0
@@ -80,7 +89,8 @@ log "installing the charts"
 helm --kubeconfig "$state/kubeconfig" upgrade --install rebound-crds "$repo_root/charts/rebound-crds" \
   --take-ownership --wait >/dev/null
 helm --kubeconfig "$state/kubeconfig" upgrade --install rebound "$repo_root/charts/rebound" \
-  --namespace rebound-system --create-namespace --set image.pullPolicy=Never --wait --timeout 180s >/dev/null
+  --namespace rebound-system --create-namespace --set image.pullPolicy=Never \
+  --set-string "logLevel=${log_level//,/\\,}" --wait --timeout 180s >/dev/null
 
 k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null
 k -n "$ns" apply -f "$repo_root/examples/policies/webhooks.yaml" >/dev/null
@@ -145,6 +155,17 @@ for outage in $outages; do
   up_pid=$!
   until [[ "$(curl "${curl_auth[@]}" -m 1 "$api/readyz" 2>/dev/null)" == ok ]]; do sleep 0.05; done
   ready_ms="$(now_ms)"
+  # When the new API server first serves a RetryPolicy watch: it answers 429 "storage is
+  # (re)initializing" until its watch cache for the CRD is ready, and no watch-based
+  # client (the operator included) sees an edit before then.
+  (
+    until [[ "$(curl "${curl_auth[@]}" -s -o /dev/null -w '%{http_code}' -m 2 \
+      "$api/apis/rebound.dev/v1alpha1/retrypolicies?watch=1&resourceVersion=0&timeoutSeconds=1")" == 200 ]]; do
+      sleep 0.1
+    done
+    now_ms >"$scratch/crd-watch"
+  ) &
+  crd_probe=$!
   # The ConfigMap's hash at each watch event, stamped on arrival; the edit waits for the
   # watch's first event, so the first new hash is the operator's write, not a late start.
   {
@@ -163,6 +184,8 @@ for outage in $outages; do
   done
   edited_ms="$(now_ms)"
   wait "$up_pid" || { cat "$scratch/up.log" >&2; exit 1; }
+  wait "$crd_probe"
+  crd_watch_ms="$(cat "$scratch/crd-watch")"
 
   compiled_ms=""
   for _ in $(seq 600); do
@@ -188,7 +211,7 @@ for outage in $outages; do
     fallbacks=$((fallbacks + $(fallbacks_between "$pod" "$stopped_ms" "$at")))
   done
   log "outage ${outage}s: /readyz at +$(secs $((ready_ms - stopped_ms)))s, edit applied $(secs $((edited_ms - ready_ms)))s after it"
-  echo "outage=${outage}s compiled=$(secs $((compiled_ms - ready_ms)))s workers=$(IFS=,; echo "${served[*]}")s fallbacks=$fallbacks"
+  echo "outage=${outage}s crd_watch=$(secs $((crd_watch_ms - ready_ms)))s compiled=$(secs $((compiled_ms - ready_ms)))s workers=$(IFS=,; echo "${served[*]}")s fallbacks=$fallbacks"
   # The fleet settles (Leases renewed, watches idle) before the next outage.
   sleep 10
 done

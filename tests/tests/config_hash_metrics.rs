@@ -137,16 +137,17 @@ async fn operator_and_sidecar_report_one_config_hash_and_policy_series_follow_po
         "GetPolicy names the hash both /metrics report"
     );
 
-    // A second policy for the same queue loses it: not ready. The content changed, so
-    // both sides move to the new hash and the operator drops the old one.
-    env.kubectl_stdin(["apply", "-f", "-"], &policy("late", "5s"))?
+    // A second policy for the same queue loses it: not ready (older wins; created in the
+    // same second, the name decides, and "shadow" sorts after "orders"). The content
+    // changed, so both sides move to the new hash and the operator drops the old one.
+    env.kubectl_stdin(["apply", "-f", "-"], &policy("shadow", "5s"))?
         .ok()?;
     let second = agreed(operator_metrics, admin, &ns, Some(&first)).await?;
     let ready = |samples: &Samples, name: &str| {
         samples.value(READY, &[("namespace", &ns), ("policy", name)])
     };
-    let readiness = eventually("late is not ready", WAIT, || async {
-        Ok(scrape(operator_metrics).filter(|s| ready(s, "late") == Some(0.0)))
+    let readiness = eventually("shadow is not ready", WAIT, || async {
+        Ok(scrape(operator_metrics).filter(|s| ready(s, "shadow") == Some(0.0)))
     })
     .await?;
     assert_eq!(ready(&readiness, "orders"), Some(1.0));

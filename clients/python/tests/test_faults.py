@@ -10,6 +10,7 @@ at-least-once window documented in the README."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -95,13 +96,40 @@ def tally(e, keys):
     return out
 
 
+# A worker's main process that logged a CRITICAL record (Celery's "Unrecoverable error",
+# after which it shuts down) and is still alive this long later is killed, as an
+# orchestrator does once its termination grace period is over: Celery's warm shutdown can
+# wait on a broker that refused it.
+SHUTDOWN_GRACE = 10
+RECORD = re.compile(r"^\[[^\]]*?: (?P<level>[A-Z]+)/(?P<process>[^\]]+)\] ")
+
+
+def _main_process_failures(w):
+    """How many CRITICAL records the worker's main process has logged (all its runs)."""
+    try:
+        data = open(w.log_path, "rb").read().decode(errors="replace")
+    except FileNotFoundError:
+        return 0
+    return sum(1 for line in data.splitlines()
+               if (m := RECORD.match(line)) and m["level"] == "CRITICAL" and m["process"] == "MainProcess")
+
+
 def settle(e, keys, timeout, supervise=(), want=lambda t: t["completed"] or t["dead_letters"]):
     """Waits until every job reached its end, failing early once a job has run more than
-    maxAttempts + WINDOW times. ``supervise``: workers restarted when they exit."""
+    maxAttempts + WINDOW times. ``supervise``: workers restarted when they exit, or killed
+    and restarted when they are still shutting down SHUTDOWN_GRACE after a failure."""
     end = time.monotonic() + timeout
     while True:
         for w in supervise:
+            failures = _main_process_failures(w)
+            if failures > getattr(w, "failures_seen", 0):
+                w.failures_seen, w.failing_since = failures, time.monotonic()
+            failing_since = getattr(w, "failing_since", None)
+            if (w.proc.poll() is None and failing_since is not None
+                    and time.monotonic() - failing_since > SHUTDOWN_GRACE):
+                w.kill()
             if w.proc.poll() is not None:
+                w.failing_since = None
                 w.restarts = getattr(w, "restarts", 0) + 1
                 w.start()
         t = tally(e, keys)

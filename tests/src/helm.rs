@@ -29,23 +29,9 @@ impl Helm {
     }
 
     fn find() -> Result<Helm> {
-        let path = match std::env::var_os("REBOUND_HELM") {
-            Some(p) if !p.is_empty() => PathBuf::from(p),
-            _ => {
-                let script = repo_root().join("dev/build-helm.sh");
-                let out = Command::new("bash")
-                    .arg(&script)
-                    .stdin(Stdio::null())
-                    .stderr(Stdio::inherit())
-                    .output()
-                    .with_context(|| format!("could not run {}", script.display()))?;
-                if !out.status.success() {
-                    bail!("{} failed ({})", script.display(), out.status);
-                }
-                let stdout = String::from_utf8_lossy(&out.stdout);
-                let dir = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-                PathBuf::from(dir.trim()).join("helm")
-            }
+        let path = match std::env::var_os("REBOUND_HELM").filter(|p| !p.is_empty()) {
+            Some(p) => PathBuf::from(p),
+            None => crate::process::built_tool_dir("build-helm.sh")?.join("helm"),
         };
         if !path.is_file() {
             bail!("{} does not exist", path.display());

@@ -22,6 +22,7 @@ pub mod kubelet;
 pub mod lease;
 pub mod module_graph;
 pub mod node;
+pub mod process;
 pub mod prometheus;
 pub mod proxy;
 

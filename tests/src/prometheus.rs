@@ -29,23 +29,9 @@ impl PrometheusTools {
     }
 
     fn find() -> Result<PrometheusTools> {
-        let bin_dir = match std::env::var_os("REBOUND_PROMETHEUS_BIN_DIR") {
-            Some(p) if !p.is_empty() => PathBuf::from(p),
-            _ => {
-                let script = repo_root().join("dev/build-prometheus.sh");
-                let out = Command::new("bash")
-                    .arg(&script)
-                    .stdin(Stdio::null())
-                    .stderr(Stdio::inherit())
-                    .output()
-                    .with_context(|| format!("could not run {}", script.display()))?;
-                if !out.status.success() {
-                    bail!("{} failed ({})", script.display(), out.status);
-                }
-                let stdout = String::from_utf8_lossy(&out.stdout);
-                let dir = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-                PathBuf::from(dir.trim())
-            }
+        let bin_dir = match std::env::var_os("REBOUND_PROMETHEUS_BIN_DIR").filter(|p| !p.is_empty()) {
+            Some(p) => PathBuf::from(p),
+            None => crate::process::built_tool_dir("build-prometheus.sh")?,
         };
         for binary in ["prometheus", "promtool"] {
             let path = bin_dir.join(binary);

@@ -22,6 +22,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use rebound_test_support::{eventually, free_port, workspace_binary};
 use rebound_tests::helm::{Helm, chart_dir, manifests};
 use rebound_tests::{TestEnv, unique_name};
+use rebound_tests::process::Running;
 use serde_json::{Value, json};
 
 const NEW_IMAGE: &str = "example/rebound-sidecar:2.0";
@@ -412,28 +413,9 @@ async fn check_passes_a_healthy_release_and_names_what_is_wrong() -> Result<()> 
     Ok(())
 }
 
-/// A process killed when the test ends, whatever happens.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn(env: &TestEnv, binary: &str, args: &[String]) -> Result<Running> {
-    let log =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(binary)));
-    let child = Command::new(workspace_binary(binary)?)
-        .env("KUBECONFIG", env.cluster.kubeconfig())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("starting {binary} (log {})", log.display()))?;
-    Ok(Running(child))
+    let logs = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    Running::workspace_binary(binary, env.cluster.kubeconfig(), args, logs)
 }
 
 fn policy(base: &str) -> String {

@@ -15,33 +15,15 @@ use std::{
 use anyhow::{Context, Result};
 use rebound_sidecar::pb::v1::{GetPolicyRequest, retry_advisor_client::RetryAdvisorClient};
 use rebound_test_support::{eventually, free_port, http_get, metrics::Samples, workspace_binary};
-use rebound_tests::{TestEnv, unique_name};
+use rebound_tests::{TestEnv, process::Running};
 
 const WAIT: Duration = Duration::from_secs(60);
 const OPERATOR_INFO: &str = "rebound_operator_config_info";
 const READY: &str = "rebound_operator_policy_ready";
 
-/// A child process that is killed when the test ends, whatever happens.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn(name: &str, env: &TestEnv, args: &[String]) -> Result<Running> {
-    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(name)));
-    let child = Command::new(workspace_binary(name)?)
-        .env("KUBECONFIG", env.cluster.kubeconfig())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("starting {name} (log {})", log.display()))?;
-    Ok(Running(child))
+    let logs = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    Running::workspace_binary(name, env.cluster.kubeconfig(), args, logs)
 }
 
 fn policy(name: &str, base: &str) -> String {

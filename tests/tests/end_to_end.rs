@@ -13,30 +13,12 @@ use std::{
 use anyhow::{Context, Result, bail};
 use rebound_sidecar::pb::v1::{DecideRequest, retry_advisor_client::RetryAdvisorClient};
 use rebound_test_support::{free_port, workspace_binary};
-use rebound_tests::{TestEnv, unique_name};
+use rebound_tests::{TestEnv, process::Running};
 use tonic::transport::Channel;
 
-/// A child process that is killed when the test ends, whatever happens.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn(name: &str, env: &TestEnv, args: &[String]) -> Result<Running> {
-    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.log", unique_name(name)));
-    let child = Command::new(workspace_binary(name)?)
-        .env("KUBECONFIG", env.cluster.kubeconfig())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("starting {name} (log {})", log.display()))?;
-    Ok(Running(child))
+    let logs = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    Running::workspace_binary(name, env.cluster.kubeconfig(), args, logs)
 }
 
 fn policy(base: &str) -> String {

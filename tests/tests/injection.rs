@@ -9,6 +9,7 @@
 use anyhow::{Context as _, Result, bail, ensure};
 use rebound_tests::injection::{Installed, cli_inject, comparable, create_pod, differences};
 use rebound_tests::{TestEnv, json_contains};
+use rebound_tests::process::Running;
 use serde_json::{Value, json};
 
 const IMAGE: &str = "rebound.dev/sidecar-under-test:1";
@@ -450,16 +451,6 @@ async fn malformed_overrides_are_refused_naming_the_annotation() -> Result<()> {
         "a Pod not asking was changed"
     );
     Ok(())
-}
-
-/// A process this test started, killed and reaped on drop (on failure too).
-struct Running(std::process::Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// What `GET /metrics` on the admin port gets from the real sidecar binary started with

@@ -17,6 +17,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use rebound_test_support::{free_port, workspace_binary};
 use rebound_tests::lease::{client_with_token, sidecar_lease, token};
 use rebound_tests::{TestEnv, repo_root, unique_name};
+use rebound_tests::process::Running;
 use serde_json::Value;
 
 const OPERATOR_NS: &str = "rebound-system";
@@ -24,16 +25,6 @@ const OPERATOR_SA: &str = "rebound-operator";
 const ROLE: &str = "rebound-sidecar";
 const CM: &str = "rebound-policies";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The operator process, killed when the test ends, whatever happens.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The API's refusal as (HTTP code, Status reason), `None` when the request succeeded.
 fn refusal<T>(result: kube::Result<T>) -> Result<Option<(u16, String)>> {

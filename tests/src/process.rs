@@ -1,0 +1,57 @@
+//! Processes a test starts: killed and reaped when the test ends, on failure too.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+/// A child process killed and reaped when dropped.
+pub struct Running(pub Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Running {
+    /// The workspace binary `binary` (`rebound-operator`, `rebound-sidecar`) with `args`,
+    /// talking to the cluster of `kubeconfig`; its stderr goes to a log of its own in
+    /// `log_dir` (a test's `CARGO_TARGET_TMPDIR`), named in the error if it cannot start.
+    pub fn workspace_binary(
+        binary: &str,
+        kubeconfig: &Path,
+        args: &[String],
+        log_dir: &Path,
+    ) -> Result<Running> {
+        let log = log_dir.join(format!("{}.log", crate::unique_name(binary)));
+        let child = Command::new(rebound_test_support::workspace_binary(binary)?)
+            .env("KUBECONFIG", kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {binary} (log {})", log.display()))?;
+        Ok(Running(child))
+    }
+}
+
+/// The bin directory of a tool the project builds and caches: the last line `dev/<script>`
+/// prints (the scripts build on first use, then answer from the cache).
+pub fn built_tool_dir(script: &str) -> Result<PathBuf> {
+    let script = crate::repo_root().join("dev").join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not run {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+    Ok(PathBuf::from(last.trim()))
+}

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::{CmdOutput, repo_root};
+use crate::CmdOutput;
 
 /// The directory holding `prometheus` and `promtool`.
 #[derive(Debug)]
@@ -29,7 +29,8 @@ impl PrometheusTools {
     }
 
     fn find() -> Result<PrometheusTools> {
-        let bin_dir = match std::env::var_os("REBOUND_PROMETHEUS_BIN_DIR").filter(|p| !p.is_empty()) {
+        let bin_dir = match std::env::var_os("REBOUND_PROMETHEUS_BIN_DIR").filter(|p| !p.is_empty())
+        {
             Some(p) => PathBuf::from(p),
             None => crate::process::built_tool_dir("build-prometheus.sh")?,
         };

@@ -8,8 +8,7 @@
 //! runs a real operator and a real sidecar in watch mode for one such Pod instead. Each run uses
 //! a release of its own (name and namespace), so nothing of another test is looked at.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -21,8 +20,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use rebound_test_support::{eventually, free_port, workspace_binary};
 use rebound_tests::helm::{Helm, chart_dir, manifests};
-use rebound_tests::{TestEnv, unique_name};
 use rebound_tests::process::Running;
+use rebound_tests::{TestEnv, unique_name};
 use serde_json::{Value, json};
 
 const NEW_IMAGE: &str = "example/rebound-sidecar:2.0";

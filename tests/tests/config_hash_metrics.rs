@@ -5,16 +5,11 @@
 //! and per-policy series follow the policies: a losing policy is not ready, and deleting
 //! the policies removes them.
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rebound_sidecar::pb::v1::{GetPolicyRequest, retry_advisor_client::RetryAdvisorClient};
-use rebound_test_support::{eventually, free_port, http_get, metrics::Samples, workspace_binary};
+use rebound_test_support::{eventually, free_port, http_get, metrics::Samples};
 use rebound_tests::{TestEnv, process::Running};
 
 const WAIT: Duration = Duration::from_secs(60);

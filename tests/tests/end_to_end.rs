@@ -5,14 +5,12 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 use rebound_sidecar::pb::v1::{DecideRequest, retry_advisor_client::RetryAdvisorClient};
-use rebound_test_support::{free_port, workspace_binary};
+use rebound_test_support::free_port;
 use rebound_tests::{TestEnv, process::Running};
 use tonic::transport::Channel;
 

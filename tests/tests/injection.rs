@@ -8,8 +8,8 @@
 
 use anyhow::{Context as _, Result, bail, ensure};
 use rebound_tests::injection::{Installed, cli_inject, comparable, create_pod, differences};
-use rebound_tests::{TestEnv, json_contains};
 use rebound_tests::process::Running;
+use rebound_tests::{TestEnv, json_contains};
 use serde_json::{Value, json};
 
 const IMAGE: &str = "rebound.dev/sidecar-under-test:1";

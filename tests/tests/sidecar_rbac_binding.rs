@@ -5,7 +5,7 @@
 //! writes only its own Lease; and the operator's ServiceAccount can bind nothing else.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -16,8 +16,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use rebound_test_support::{free_port, workspace_binary};
 use rebound_tests::lease::{client_with_token, sidecar_lease, token};
-use rebound_tests::{TestEnv, repo_root, unique_name};
 use rebound_tests::process::Running;
+use rebound_tests::{TestEnv, repo_root, unique_name};
 use serde_json::Value;
 
 const OPERATOR_NS: &str = "rebound-system";

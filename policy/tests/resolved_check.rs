@@ -3,8 +3,8 @@
 //! edge a policy is accepted, one step past it refused, naming the field.
 
 use rebound_policy::{
-    Disposition, ResolvedPolicy,
-    limits::MAX_SCHEDULE,
+    Disposition, ResolvedPolicy, RetryBudget,
+    limits::{MAX_ERROR_CLASSES, MAX_SCHEDULE},
     spec::{JitterKind, Strategy},
 };
 
@@ -101,4 +101,36 @@ fn dispositions_and_caps_read_as_the_docs_write_them() {
     };
     assert_eq!(dead_letter.to_string(), "deadLetter:payments.dlq");
     assert_eq!(valid().cap(), "1m");
+}
+
+#[test]
+fn non_retryable_errors_hold_up_to_the_limit_of_valid_patterns() {
+    let with = |patterns: Vec<String>| ResolvedPolicy {
+        non_retryable_errors: patterns,
+        ..valid()
+    };
+    let classes = |n: usize| (0..n).map(|i| format!("Error{i}")).collect::<Vec<_>>();
+    assert_eq!(refused(&with(classes(MAX_ERROR_CLASSES))), None);
+    assert_eq!(
+        refused(&with(classes(MAX_ERROR_CLASSES + 1))).as_deref(),
+        Some("nonRetryableErrors")
+    );
+    assert_eq!(
+        refused(&with(vec![String::new()])).as_deref(),
+        Some("nonRetryableErrors")
+    );
+}
+
+#[test]
+fn a_budget_reads_as_rate_burst_and_slot() {
+    let budget = |rate_per_second, burst| RetryBudget {
+        rate_per_second,
+        burst,
+    };
+    assert_eq!(budget(10, 1).slot_ms(), 100.0);
+    assert_eq!(budget(1000, 5).slot_ms(), 5.0);
+    assert!((budget(3, 1).slot_ms() - 1000.0 / 3.0).abs() < 1e-9);
+    assert_eq!(budget(10, 1).to_string(), "10/s, burst 1 (100ms slots)");
+    assert_eq!(budget(3, 1).to_string(), "3/s, burst 1 (333.33ms slots)");
+    assert_eq!(budget(1, 120).to_string(), "1/s, burst 120 (2m slots)");
 }

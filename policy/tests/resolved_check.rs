@@ -1,6 +1,7 @@
 //! `ResolvedPolicy::check`, the guard on a compiled document read from outside the process
 //! (the sidecar reads what any writer of the ConfigMap put there): at each invariant's
-//! edge a policy is accepted, one step past it refused, naming the field.
+//! edge a policy is accepted, one step past it refused, naming the field. Also the
+//! bounds `resolve` itself keeps on a spec's work.
 
 use rebound_policy::{
     Disposition, ResolvedPolicy, RetryBudget,
@@ -133,4 +134,34 @@ fn a_budget_reads_as_rate_burst_and_slot() {
     assert_eq!(budget(10, 1).to_string(), "10/s, burst 1 (100ms slots)");
     assert_eq!(budget(3, 1).to_string(), "3/s, burst 1 (333.33ms slots)");
     assert_eq!(budget(1, 120).to_string(), "1/s, burst 120 (2m slots)");
+}
+
+/// The errors `resolve` reports for a spec of `schedule` delays, by field.
+fn schedule_errors(delays: &[&str]) -> Vec<String> {
+    let spec: rebound_policy::RetryPolicySpec = serde_json::from_value(serde_json::json!({
+        "queues": ["q"],
+        "backoff": {"strategy": "schedule", "schedule": delays, "cap": "1h"},
+    }))
+    .expect("a spec");
+    match rebound_policy::resolve(&spec) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.into_iter().map(|e| e.field).collect(),
+    }
+}
+
+#[test]
+fn an_oversized_schedule_is_one_error_without_per_entry_work() {
+    assert_eq!(
+        schedule_errors(&vec!["1s"; MAX_SCHEDULE]),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        schedule_errors(&vec!["not a duration"; MAX_SCHEDULE + 1]),
+        ["spec.backoff.schedule"]
+    );
+    // Within the limit, each bad entry is named.
+    assert_eq!(
+        schedule_errors(&["1s", "soon"]),
+        ["spec.backoff.schedule[1]"]
+    );
 }

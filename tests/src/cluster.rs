@@ -544,6 +544,20 @@ impl TestEnv {
         all.extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
         self.cluster.kubectl_stdin(all, input)
     }
+
+    /// `kubectl apply` of `manifest` in the namespace, then waits (60 s at most) until
+    /// `retrypolicy/<policy>` is Ready.
+    pub fn apply_until_ready(&self, manifest: &str, policy: &str) -> Result<()> {
+        self.kubectl_stdin(["apply", "-f", "-"], manifest)?.ok()?;
+        self.kubectl([
+            "wait",
+            "--for=condition=Ready",
+            &format!("retrypolicy/{policy}"),
+            "--timeout=60s",
+        ])?
+        .ok()?;
+        Ok(())
+    }
 }
 
 /// Builds a client from a kubeconfig file, as `kube::Client::try_default()` would with

@@ -81,15 +81,7 @@ async fn operator_and_sidecar_report_one_config_hash_and_policy_series_follow_po
             format!("--metrics-addr={operator_metrics}"),
         ],
     )?;
-    env.kubectl_stdin(["apply", "-f", "-"], &policy("orders", "2s"))?
-        .ok()?;
-    env.kubectl([
-        "wait",
-        "--for=condition=Ready",
-        "retrypolicy/orders",
-        "--timeout=60s",
-    ])?
-    .ok()?;
+    env.apply_until_ready(&policy("orders", "2s"), "orders")?;
     let (grpc, admin) = (free_port()?, free_port()?);
     let _sidecar = spawn(
         "rebound-sidecar",

@@ -86,19 +86,6 @@ fn spawn_operator(env: &TestEnv) -> Result<Running> {
     )
 }
 
-/// `kubectl apply` of `manifest`, then waits for `retrypolicy/orders` to be Ready.
-fn apply_until_ready(env: &TestEnv, manifest: &str) -> Result<()> {
-    env.kubectl_stdin(["apply", "-f", "-"], manifest)?.ok()?;
-    env.kubectl([
-        "wait",
-        "--for=condition=Ready",
-        "retrypolicy/orders",
-        "--timeout=60s",
-    ])?
-    .ok()?;
-    Ok(())
-}
-
 /// A sidecar watching the namespace's ConfigMap, and a client connected to it.
 async fn spawn_watching_sidecar(env: &TestEnv) -> Result<(Running, RetryAdvisorClient<Channel>)> {
     let grpc = free_port()?;
@@ -118,7 +105,7 @@ async fn spawn_watching_sidecar(env: &TestEnv) -> Result<(Running, RetryAdvisorC
 async fn kubectl_apply_reaches_the_sidecar_through_the_operator() -> Result<()> {
     let env = TestEnv::new("e2e").await?;
     let _operator = spawn_operator(&env)?;
-    apply_until_ready(&env, &policy("2s"))?;
+    env.apply_until_ready(&policy("2s"), "orders")?;
 
     let (_sidecar, mut client) = spawn_watching_sidecar(&env).await?;
     let (_, first_hash) = wait_for_delay(&mut client, 2_000).await?;
@@ -166,7 +153,7 @@ async fn a_retry_budget_reaches_the_sidecar_through_the_operator() -> Result<()>
     let env = TestEnv::new("e2e-budget").await?;
     let _operator = spawn_operator(&env)?;
     let manifest = format!("{}  retryBudget: {{ratePerSecond: 1}}\n", policy("2s"));
-    apply_until_ready(&env, &manifest)?;
+    env.apply_until_ready(&manifest, "orders")?;
     let summary = env
         .kubectl([
             "get",

@@ -206,6 +206,21 @@ func (failWorker) Work(_ context.Context, job *river.Job[FailArgs]) error {
 }
 
 // newRebound is a rebound client for target (warmed for queues) closed at the end of the test.
+// startSidecar starts a file-mode sidecar of its own under runDir/name, serving policies
+// for namespace ns, ready once readyQueue resolves; killed when the test ends.
+func startSidecar(t *testing.T, name, ns, policies, readyQueue string) *devstack.Sidecar {
+	t.Helper()
+	s, err := devstack.NewFileSidecar(filepath.Join(runDir, name), ns, policies, readyQueue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Kill)
+	return s
+}
+
 func newRebound(t *testing.T, target string, queues ...string) *rebound.Rebound {
 	t.Helper()
 	c, err := rebound.New(rebound.Options{Target: target, Deadline: 2 * time.Second, Logger: quiet()})

@@ -1,7 +1,6 @@
 package reboundriver_test
 
 import (
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
 	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 )
 
@@ -44,14 +42,7 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // the sidecar, then with the sidecar killed fallbacks (unavailable, the cached policy),
 // and the dead letters, all 13 series of the contract present.
 func TestPrometheusCounters(t *testing.T) {
-	s, err := devstack.NewFileSidecar(filepath.Join(runDir, "metrics-sidecar"), "gotest", policies, "failover")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Kill)
+	s := startSidecar(t, "metrics-sidecar", "gotest", policies, "failover")
 	rb := newRebound(t, s.Target, "failover")
 	adapter := reboundriver.New(rb, reboundriver.Options{})
 	reg := prometheus.NewRegistry()

@@ -75,14 +75,7 @@ func TestReadmeQuickStartAsPasted(t *testing.T) {
 		t.Fatal(err)
 	}
 	dbURL := strings.Replace(pool.Config().ConnString(), "/postgres?", "/quickstart?", 1)
-	s, err := devstack.NewFileSidecar(filepath.Join(runDir, "quickstart-sidecar"), "demo", quickPolicy, "webhooks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Kill)
+	s := startSidecar(t, "quickstart-sidecar", "demo", quickPolicy, "webhooks")
 
 	dir := t.TempDir()
 	env := append(os.Environ(), "DATABASE_URL="+dbURL, "REBOUND_TARGET="+s.Target, "GOWORK=off", "GOFLAGS=-buildvcs=false")

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	rebound "github.com/rebound-dev/rebound/clients/go"
-	"github.com/rebound-dev/rebound/clients/go/internal/devstack"
 	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 )
 
@@ -232,14 +230,7 @@ func TestRetriesUntilSuccess(t *testing.T) {
 // With its sidecar killed, the worker decides from the cached policy: still exactly
 // maxAttempts runs and a dead letter, answered by the fallback.
 func TestSidecarKilledFallback(t *testing.T) {
-	s, err := devstack.NewFileSidecar(filepath.Join(runDir, "failover-sidecar"), "gotest", policies, "failover")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Kill)
+	s := startSidecar(t, "failover-sidecar", "gotest", policies, "failover")
 	rb := newRebound(t, s.Target, "failover")
 	if ref, _ := rb.Policy("failover"); ref.GetName() != "payments" {
 		t.Fatalf("cached policy %v", ref)

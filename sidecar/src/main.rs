@@ -162,10 +162,14 @@ async fn run(args: Args) -> Result<()> {
     // Listen for stop signals before serving, so a SIGTERM right after start is not lost.
     let signals = StopSignals::install()?;
     let listeners = Listeners::bind(&listen).await?;
+    // The bound addresses as plain `ip:port` (empty when off): with port 0 in the
+    // arguments, this line is where a supervisor learns them.
+    let shown =
+        |addr: Option<std::net::SocketAddr>| addr.map_or_else(String::new, |a| a.to_string());
     tracing::info!(
-        grpc = ?listeners.tcp_addr(),
+        grpc = %shown(listeners.tcp_addr()),
         uds = ?listen.uds,
-        admin = ?listeners.admin_addr(),
+        admin = %shown(listeners.admin_addr()),
         "listening"
     );
 

@@ -1,7 +1,9 @@
 //! Processes a test starts: killed and reaped when the test ends, on failure too.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -54,4 +56,47 @@ pub fn built_tool_dir(script: &str) -> Result<PathBuf> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
     Ok(PathBuf::from(last.trim()))
+}
+
+/// Where a Rebound server started with port 0 listens: the addresses of its JSON
+/// `listening` log line (`None` when that listener is off).
+#[derive(Clone, Copy, Debug)]
+pub struct Listening {
+    pub grpc: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+/// Waits for `child`'s `listening` line in its JSON log `log`. Binding port 0 in the server
+/// itself leaves no window in which another process takes a port chosen beforehand; a
+/// server that exits first is reported with its log.
+pub fn wait_listening(child: &mut Child, log: &Path, timeout: Duration) -> Result<Listening> {
+    let start = Instant::now();
+    let field = |line: &serde_json::Value, name: &str| -> Result<Option<SocketAddr>> {
+        match line["fields"][name].as_str() {
+            None | Some("") => Ok(None),
+            Some(addr) => Ok(Some(
+                addr.parse().with_context(|| format!("{name}: {addr}"))?,
+            )),
+        }
+    };
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let listening = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["fields"]["message"] == "listening");
+        if let Some(line) = listening {
+            return Ok(Listening {
+                grpc: field(&line, "grpc")?,
+                admin: field(&line, "admin")?,
+            });
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("exited ({status}) before listening:\n{text}");
+        }
+        if start.elapsed() > timeout {
+            bail!("not listening after {timeout:?} (log {})", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -21,8 +21,9 @@ use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams,
 use rebound_sidecar::pb::v1::{
     BudgetScope, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
-use rebound_test_support::{free_port, workspace_binary};
+use rebound_test_support::workspace_binary;
 use rebound_tests::lease::labels;
+use rebound_tests::process::wait_listening;
 use rebound_tests::unique_name;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -57,7 +58,6 @@ impl Sidecar {
         pod: &str,
         env: &[(&str, &str)],
     ) -> Result<Self> {
-        let (grpc, admin) = (free_port()?, free_port()?);
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{}.log", unique_name(&pod[..pod.len().min(40)])));
         // A build of another revision, to show what a test sees there.
@@ -73,8 +73,8 @@ impl Sidecar {
                 format!("--configmap={namespace}/{CM}"),
                 format!("--pod-name={pod}"),
                 format!("--lease-duration={LEASE_S}s"),
-                format!("--listen={grpc}"),
-                format!("--admin-listen={admin}"),
+                "--listen=127.0.0.1:0".to_owned(),
+                "--admin-listen=127.0.0.1:0".to_owned(),
                 "--shutdown-grace=1s".to_owned(),
                 "--log-format=json".to_owned(),
             ])
@@ -83,13 +83,18 @@ impl Sidecar {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting rebound-sidecar")?;
-        Ok(Sidecar {
+        // The sidecar binds port 0 itself: no port chosen here can be taken meanwhile.
+        let mut sidecar = Sidecar {
             pod: pod.to_owned(),
             child,
-            grpc,
-            admin,
+            grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             log,
-        })
+        };
+        let listening = wait_listening(&mut sidecar.child, &sidecar.log, Duration::from_secs(30))?;
+        sidecar.grpc = listening.grpc.context("no gRPC address")?;
+        sidecar.admin = listening.admin.context("no admin address")?;
+        Ok(sidecar)
     }
 
     pub async fn connect(&self) -> Result<RetryAdvisorClient<Channel>> {

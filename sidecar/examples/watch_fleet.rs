@@ -13,12 +13,11 @@
 
 use std::{
     collections::BTreeMap,
-    process::{Child, Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -27,6 +26,7 @@ use rebound_sidecar::{
     source::kubernetes::{ConfigMapRef, ConfigMapSource},
     store::Store,
 };
+use rebound_tests::process::Running;
 use rebound_tests::{DedicatedCluster, repo_root, unique_name};
 
 #[derive(Parser)]
@@ -39,29 +39,9 @@ struct Args {
     outage: u64,
 }
 
-/// The operator process, killed when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn policy(base_ms: u64) -> String {
     format!(
         "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: orders}}\nspec:\n  queues: [orders]\n  backoff: {{strategy: constant, base: {base_ms}ms, jitter: {{kind: none}}}}\n  maxAttempts: 5\n"
-    )
-}
-
-async fn compiled_hash(api: &Api<ConfigMap>) -> Option<String> {
-    let cm = api.get_opt("rebound-policies").await.ok()??;
-    let json = cm.data?.remove(rebound_policy::compiled::CONFIGMAP_KEY)?;
-    Some(
-        rebound_policy::CompiledDocument::from_json(json.as_bytes())
-            .ok()?
-            .hash,
     )
 }
 
@@ -114,30 +94,20 @@ async fn main() -> Result<()> {
     cluster
         .kubectl_stdin(["apply", "-n", &ns, "-f", "-"], &policy(100))?
         .ok()?;
-    let operator = std::env::current_exe()?
-        .parent()
-        .and_then(|examples| examples.parent())
-        .context("no target directory")?
-        .join("rebound-operator");
-    let operator_log =
-        std::env::temp_dir().join(format!("{}.log", unique_name("watch-fleet-operator")));
-    println!("operator log: {}", operator_log.display());
-    let _operator = Running(
-        Command::new(&operator)
-            .env("KUBECONFIG", cluster.kubeconfig())
-            .args([
-                format!("--namespaces={ns}"),
-                "--leader-elect=false".to_owned(),
-                format!("--metrics-addr={}", rebound_test_support::free_port()?),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&operator_log)?)
-            .spawn()
-            .with_context(|| format!("starting {}", operator.display()))?,
-    );
+    let log_dir = std::env::temp_dir();
+    let _operator = Running::workspace_binary(
+        "rebound-operator",
+        cluster.kubeconfig(),
+        &[
+            format!("--namespaces={ns}"),
+            "--leader-elect=false".to_owned(),
+            format!("--metrics-addr={}", rebound_test_support::free_port()?),
+        ],
+        &log_dir,
+    )?;
+    println!("operator log: in {}", log_dir.display());
     let first = loop {
-        if let Some(h) = compiled_hash(&configmaps).await {
+        if let Some(h) = rebound_tests::compiled::hash(&configmaps).await {
             break h;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -203,7 +173,9 @@ async fn main() -> Result<()> {
             }
         }
         if edited.is_none()
-            && let Some(h) = compiled_hash(&configmaps).await.filter(|h| *h != first)
+            && let Some(h) = rebound_tests::compiled::hash(&configmaps)
+                .await
+                .filter(|h| *h != first)
         {
             compiled = Some(back.elapsed());
             edited = Some(h);

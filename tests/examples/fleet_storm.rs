@@ -23,8 +23,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use rebound_sidecar::pb::v1::{
     DecideRequest, Decision, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
@@ -107,19 +106,7 @@ async fn fleet(env: &TestEnv, n: usize, a: &Args) -> Result<(Vec<Sidecar>, Vec<C
         &[(PathBuf::from("storm.yaml"), policies(a.rate, a.burst))],
         &env.namespace,
     )?;
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(CM.to_owned()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            rebound_policy::compiled::CONFIGMAP_KEY.to_owned(),
-            doc.to_json(),
-        )])),
-        ..ConfigMap::default()
-    };
-    Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &cm)
+    rebound_tests::compiled::put(&Api::namespaced(env.client.clone(), &env.namespace), &doc)
         .await?;
     let bin = &a.sidecar;
     ensure!(

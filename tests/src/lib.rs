@@ -15,6 +15,7 @@
 
 pub mod client_modules;
 pub mod cluster;
+pub mod compiled;
 pub mod doc;
 pub mod helm;
 pub mod injection;

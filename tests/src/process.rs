@@ -67,9 +67,19 @@ pub struct Listening {
 }
 
 /// Waits for `child`'s `listening` line in its JSON log `log`. Binding port 0 in the server
-/// itself leaves no window in which another process takes a port chosen beforehand; a
-/// server that exits first is reported with its log.
+/// itself leaves no window in which another process takes a port chosen beforehand. On
+/// failure `child` is killed and reaped, and a server that exited first is reported with
+/// its log.
 pub fn wait_listening(child: &mut Child, log: &Path, timeout: Duration) -> Result<Listening> {
+    let found = read_listening(child, log, timeout);
+    if found.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    found
+}
+
+fn read_listening(child: &mut Child, log: &Path, timeout: Duration) -> Result<Listening> {
     let start = Instant::now();
     let field = |line: &serde_json::Value, name: &str| -> Result<Option<SocketAddr>> {
         match line["fields"][name].as_str() {

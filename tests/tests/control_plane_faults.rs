@@ -10,20 +10,20 @@
 //!   edit made meanwhile served within 5 s of the traffic returning.
 
 use std::{
-    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use rebound_sidecar::pb::v1::{
     ConfigSource, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
-use rebound_test_support::{free_port, http_get, workspace_binary};
+use rebound_test_support::{http_get, workspace_binary};
+use rebound_tests::process::{Running, wait_listening};
 use rebound_tests::proxy::{Proxy, api_server_addr, kubeconfig_through};
 use rebound_tests::{DedicatedCluster, repo_root, unique_name};
 use tonic::transport::Channel;
@@ -34,21 +34,15 @@ const SIDECARS: usize = 3;
 
 /// A sidecar process, killed when dropped, whatever happens.
 struct Sidecar {
-    child: Child,
+    _process: Running,
     client: RetryAdvisorClient<Channel>,
     admin: SocketAddr,
     log: PathBuf,
 }
 
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A compiled document whose one policy waits `base_ms`; each value has its own hash.
-fn document(namespace: &str, base_ms: u64) -> Result<(String, String)> {
+/// Creates or replaces the ConfigMap with a document whose one policy waits `base_ms`
+/// (each value has its own hash); returns its hash.
+async fn put_configmap(api: &Api<ConfigMap>, namespace: &str, base_ms: u64) -> Result<String> {
     let manifest = format!(
         "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {{name: orders}}\nspec:\n  queues: [{QUEUE}]\n  backoff: {{strategy: constant, base: {base_ms}ms, jitter: {{kind: none}}}}\n  maxAttempts: 5\n"
     );
@@ -56,67 +50,37 @@ fn document(namespace: &str, base_ms: u64) -> Result<(String, String)> {
         &[(PathBuf::from("orders.yaml"), manifest)],
         namespace,
     )?;
-    Ok((doc.hash.clone(), doc.to_json()))
-}
-
-/// Creates or replaces the ConfigMap with the document for `base_ms`; returns its hash.
-async fn put_configmap(api: &Api<ConfigMap>, namespace: &str, base_ms: u64) -> Result<String> {
-    let (hash, json) = document(namespace, base_ms)?;
-    let mut cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(CM.to_owned()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            rebound_policy::compiled::CONFIGMAP_KEY.to_owned(),
-            json,
-        )])),
-        ..ConfigMap::default()
-    };
-    match api.get_opt(CM).await? {
-        Some(current) => {
-            cm.metadata.resource_version = current.metadata.resource_version;
-            api.replace(CM, &PostParams::default(), &cm).await?;
-        }
-        None => {
-            api.create(&PostParams::default(), &cm).await?;
-        }
-    }
-    Ok(hash)
+    rebound_tests::compiled::put(api, &doc).await?;
+    Ok(doc.hash)
 }
 
 async fn spawn_sidecar(kubeconfig: &Path, namespace: &str) -> Result<Sidecar> {
-    let (grpc, admin) = (free_port()?, free_port()?);
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{}.log", unique_name("cpfault-sidecar")));
-    let child = Command::new(workspace_binary("rebound-sidecar")?)
+    let mut child = Command::new(workspace_binary("rebound-sidecar")?)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .args([
             format!("--configmap={namespace}/{CM}"),
-            format!("--listen={grpc}"),
-            format!("--admin-listen={admin}"),
+            "--listen=127.0.0.1:0".to_owned(),
+            "--admin-listen=127.0.0.1:0".to_owned(),
             "--shutdown-grace=1s".to_owned(),
+            "--log-format=json".to_owned(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()
         .context("starting rebound-sidecar")?;
-    let start = Instant::now();
-    let channel = loop {
-        match rebound_sidecar::client::tcp_channel(grpc).await {
-            Ok(channel) => break channel,
-            Err(e) if start.elapsed() > Duration::from_secs(30) => {
-                return Err(e).context("connecting to the sidecar");
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    // Ports bound by the sidecar itself: none can be taken between choosing and binding.
+    let listening = wait_listening(&mut child, &log, Duration::from_secs(30))?;
+    let process = Running(child);
+    let grpc = listening.grpc.context("no gRPC listener")?;
+    let channel = rebound_sidecar::client::tcp_channel(grpc).await;
     Ok(Sidecar {
-        child,
-        client: RetryAdvisorClient::new(channel),
-        admin,
+        _process: process,
+        client: RetryAdvisorClient::new(channel.context("connecting to the sidecar")?),
+        admin: listening.admin.context("no admin listener")?,
         log,
     })
 }

@@ -134,17 +134,6 @@ fn policy(base_ms: u64) -> String {
     )
 }
 
-/// The hash of the document in the namespace's ConfigMap, if any.
-async fn compiled_hash(api: &Api<ConfigMap>) -> Option<String> {
-    let cm = api.get_opt("rebound-policies").await.ok()??;
-    let json = cm.data?.remove(rebound_policy::compiled::CONFIGMAP_KEY)?;
-    Some(
-        rebound_policy::CompiledDocument::from_json(json.as_bytes())
-            .ok()?
-            .hash,
-    )
-}
-
 async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<(T, Duration)>
 where
     F: FnMut() -> Fut,
@@ -189,7 +178,7 @@ async fn one_leader_at_a_time_through_a_hang_and_an_outage() -> Result<()> {
     })
     .await?;
     let (first, _) = until("compiled", Duration::from_secs(30), || {
-        compiled_hash(&configmaps)
+        rebound_tests::compiled::hash(&configmaps)
     })
     .await?;
     let monitor = Monitor::start(a.metrics, b.metrics);
@@ -217,7 +206,9 @@ async fn one_leader_at_a_time_through_a_hang_and_an_outage() -> Result<()> {
         .kubectl_stdin(["apply", "-n", &ns, "-f", "-"], &policy(200))?
         .ok()?;
     let (edited, _) = until("edit compiled", Duration::from_secs(60), || async {
-        compiled_hash(&configmaps).await.filter(|h| *h != first)
+        rebound_tests::compiled::hash(&configmaps)
+            .await
+            .filter(|h| *h != first)
     })
     .await?;
     let compiled_after = back.elapsed();

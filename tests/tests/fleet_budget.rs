@@ -25,9 +25,8 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use fleet_support::{CM, LEASE_S, Sidecar};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use fleet_support::{LEASE_S, Sidecar};
+use kube::api::Api;
 use rebound_sidecar::pb::v1::{
     BudgetScope, DecideRequest, Decision, GetPolicyRequest,
     retry_advisor_client::RetryAdvisorClient,
@@ -72,21 +71,7 @@ async fn create_configmap(env: &TestEnv) -> Result<()> {
         &env.namespace,
     )?;
     ensure!(doc.policies.len() == QUEUES.len(), "policies compiled");
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(CM.to_owned()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            rebound_policy::compiled::CONFIGMAP_KEY.to_owned(),
-            doc.to_json(),
-        )])),
-        ..ConfigMap::default()
-    };
-    Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &cm)
-        .await?;
-    Ok(())
+    rebound_tests::compiled::put(&Api::namespaced(env.client.clone(), &env.namespace), &doc).await
 }
 
 /// A sidecar acting as Pod `pod`, with a Pod-bound token of the worker's ServiceAccount.

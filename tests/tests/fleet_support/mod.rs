@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::{
-    collections::BTreeMap,
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
@@ -14,10 +13,9 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use rebound_sidecar::pb::v1::{
     BudgetScope, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
@@ -28,7 +26,7 @@ use rebound_tests::unique_name;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-pub const CM: &str = "rebound-policies";
+pub const CM: &str = rebound_tests::compiled::CONFIGMAP;
 /// Short, so expiries are seen quickly: renewals every second.
 pub const LEASE_S: u64 = 3;
 pub const QUEUE: &str = "q";
@@ -65,7 +63,7 @@ impl Sidecar {
             Some(path) => PathBuf::from(path),
             None => workspace_binary("rebound-sidecar")?,
         };
-        let child = Command::new(bin)
+        let mut child = Command::new(bin)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
@@ -84,6 +82,7 @@ impl Sidecar {
             .spawn()
             .context("starting rebound-sidecar")?;
         // The sidecar binds port 0 itself: no port chosen here can be taken meanwhile.
+        let listening = wait_listening(&mut child, &log, Duration::from_secs(30))?;
         let mut sidecar = Sidecar {
             pod: pod.to_owned(),
             child,
@@ -91,7 +90,6 @@ impl Sidecar {
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             log,
         };
-        let listening = wait_listening(&mut sidecar.child, &sidecar.log, Duration::from_secs(30))?;
         sidecar.grpc = listening.grpc.context("no gRPC address")?;
         sidecar.admin = listening.admin.context("no admin address")?;
         Ok(sidecar)
@@ -177,21 +175,7 @@ pub async fn create_configmap(client: &kube::Client, namespace: &str) -> Result<
         &[(PathBuf::from("fleet.yaml"), yaml)],
         namespace,
     )?;
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(CM.to_owned()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            rebound_policy::compiled::CONFIGMAP_KEY.to_owned(),
-            doc.to_json(),
-        )])),
-        ..ConfigMap::default()
-    };
-    Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &cm)
-        .await?;
-    Ok(())
+    rebound_tests::compiled::put(&Api::namespaced(client.clone(), namespace), &doc).await
 }
 
 /// A sidecar Lease `rebound-sidecar-<pod>` serving [`CM`] as another node would write it,

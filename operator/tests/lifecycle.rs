@@ -319,13 +319,7 @@ async fn large_document_is_served_compressed() -> Result<()> {
 fn noisy_policy(i: usize) -> String {
     let mut x = i as u64;
     wide_policy(&format!("noisy-{i:02}"), |kind, j| {
-        let text: String = (0..230)
-            .map(|_| {
-                x = rebound_policy::decide::mix64(x);
-                char::from(b'a' + (x % 26) as u8)
-            })
-            .collect();
-        format!("{kind}-{i}-{j}-{text}")
+        format!("{kind}-{i}-{j}-{}", incompressible(&mut x, 230))
     })
 }
 

@@ -369,3 +369,14 @@ pub fn scoped(ns: &str, extra: &[&str]) -> Vec<String> {
     args.extend(extra.iter().map(|a| a.to_string()));
     args
 }
+
+/// `len` lowercase letters drawn by iterating `mix64` from `*state` (a fixed seed): text
+/// gzip cannot shrink much, for documents near the ConfigMap's size limits.
+pub fn incompressible(state: &mut u64, len: usize) -> String {
+    (0..len)
+        .map(|_| {
+            *state = rebound_policy::decide::mix64(*state);
+            char::from(b'a' + (*state % 26) as u8)
+        })
+        .collect()
+}

@@ -233,15 +233,8 @@ impl Shape {
 
     pub fn manifest(&self, i: usize, queues: usize) -> Value {
         let mut x = i as u64 + 1;
-        let mut noise = |kind: &str, j: usize| {
-            let text: String = (0..230)
-                .map(|_| {
-                    x = rebound_policy::decide::mix64(x);
-                    char::from(b'a' + (x % 26) as u8)
-                })
-                .collect();
-            format!("{kind}-{i}-{j}-{text}")
-        };
+        let mut noise =
+            |kind: &str, j: usize| format!("{kind}-{i}-{j}-{}", super::incompressible(&mut x, 230));
         let queues: Vec<String> = (0..queues).map(|j| noise("q", j)).collect();
         let errors: Vec<String> = (0..queues.len()).map(|j| noise("e", j)).collect();
         json!({

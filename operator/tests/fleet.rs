@@ -37,16 +37,20 @@ spec:
   queues: [emails]
 ";
 
+/// The retry budget the orders policy's summary shows now.
+async fn budget_summary(api: &Api<RetryPolicy>) -> Result<Option<String>> {
+    let policy = api.get("orders").await?;
+    Ok(policy
+        .status
+        .and_then(|s| s.summary)
+        .and_then(|s| s.retry_budget))
+}
+
 /// Waits until the orders policy's summary shows `budget`.
 async fn budget_shown(client: &kube::Client, ns: &str, budget: &str) -> Result<()> {
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     eventually(&format!("retryBudget {budget:?}"), WAIT, || async {
-        let shown = api
-            .get("orders")
-            .await?
-            .status
-            .and_then(|s| s.summary)
-            .and_then(|s| s.retry_budget);
+        let shown = budget_summary(&api).await?;
         Ok((shown.as_deref() == Some(budget)).then_some(()))
     })
     .await
@@ -253,12 +257,7 @@ async fn sidecars_with_skewed_clocks_count_while_they_renew() -> Result<()> {
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     for _ in 0..2 * LEASE_S {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let shown = api
-            .get("orders")
-            .await?
-            .status
-            .and_then(|s| s.summary)
-            .and_then(|s| s.retry_budget);
+        let shown = budget_summary(&api).await?;
         ensure!(shown.as_deref() == Some(both.as_str()), "shown {shown:?}");
     }
 

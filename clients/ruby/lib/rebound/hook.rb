@@ -449,6 +449,15 @@ module Rebound
       end
     end
 
+    # `rebound_queue "name"` on a job class: the queue its policy is looked up by (else the
+    # class's Sidekiq queue). Shared by Sidekiq jobs and ActiveJob classes.
+    module QueueName
+      def rebound_queue(name = nil)
+        @rebound_queue = name unless name.nil?
+        @rebound_queue
+      end
+    end
+
     # include Rebound::Sidekiq::Job (or ::Worker): Sidekiq::Job, sidekiq_options retry:
     # 10000 (the policy's maxAttempts decides, never Sidekiq's limit), sidekiq_retry_in
     # wired to Decide and the middleware installed. Override rebound_error_class(exc) /
@@ -479,10 +488,7 @@ module Rebound
       end
 
       module ClassMethods
-        def rebound_queue(name = nil)
-          @rebound_queue = name unless name.nil?
-          @rebound_queue
-        end
+        include QueueName
       end
 
       def rebound_error_class(exc)
@@ -540,10 +546,7 @@ module Rebound
       end
 
       module ClassMethods
-        def rebound_queue(name = nil)
-          @rebound_queue = name unless name.nil?
-          @rebound_queue
-        end
+        include QueueName
 
         def retry_on(*exceptions, **_opts)
           raise ArgumentError, "#{name}: retry_on #{exceptions.map(&:to_s).join(", ")} conflicts with " \

@@ -1,6 +1,7 @@
 """The README's quick start, as pasted: its tasks.py, its worker command and its producer,
 against Redis and a real sidecar serving a fast policy for the queue `webhooks`."""
 
+import contextlib
 import json
 import os
 import re
@@ -24,6 +25,37 @@ spec:
 """
 
 
+@contextlib.contextmanager
+def quick_start_stack(qs, db, **extra_env):
+    """A sidecar serving FAST from `qs`, and the environment the quick start's commands run
+    in; yields (env, stack). On exit, on failure too, what `start_worker` started and the
+    sidecar are stopped and their logs closed."""
+    (qs / "policy.yaml").write_text(FAST)
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(qs / "sidecar.log", "ab"))
+        sidecar = Sidecar(qs / "policy.yaml", log)
+        stack.callback(sidecar.kill)
+        sidecar.start()
+        env = dict(os.environ, REDIS_URL=db, REBOUND_TARGET=sidecar.target,
+                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **extra_env)
+        yield env, stack
+
+
+def start_worker(stack, qs, argv, env):
+    """The quick start's worker in a session of its own, logging to worker.log; `stack`
+    stops the whole session (pool children included) when it closes."""
+    wlog = stack.enter_context(open(qs / "worker.log", "ab"))
+    worker = subprocess.Popen(argv, cwd=qs, env=env, stdout=wlog, stderr=wlog,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop():
+        os.killpg(worker.pid, 15)
+        worker.wait(timeout=30)
+
+    stack.callback(stop)
+    return worker
+
+
 def test_quick_start_as_pasted(run_dir, redis_url):
     text = README.read_text()
     code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
@@ -32,17 +64,9 @@ def test_quick_start_as_pasted(run_dir, redis_url):
     qs = run_dir / "quickstart"
     qs.mkdir()
     (qs / "tasks.py").write_text(code)
-    (qs / "policy.yaml").write_text(FAST)
     db = redis_url.rstrip("/") + "/5"  # a database of its own
-    log = open(qs / "sidecar.log", "ab")
-    sidecar = Sidecar(qs / "policy.yaml", log)
-    sidecar.start()
-    env = dict(os.environ, REDIS_URL=db, REBOUND_TARGET=sidecar.target,
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    wlog = open(qs / "worker.log", "ab")
-    worker = subprocess.Popen(commands[0].rstrip(" &").split(), cwd=qs, env=env, stdout=wlog, stderr=wlog,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with quick_start_stack(qs, db) as (env, stack):
+        start_worker(stack, qs, commands[0].rstrip(" &").split(), env)
         subprocess.run(commands[1].split(), cwd=qs, env=env, check=True, timeout=60)
         r = redis.Redis.from_url(db)
         # Every job ran to its end: nothing queued, nothing waiting unacknowledged.
@@ -52,12 +76,6 @@ def test_quick_start_as_pasted(run_dir, redis_url):
         # (each run fails with probability 0.6: no retry at all happens 1% of the time)
         assert all(e["source"] == "sidecar" and e["queue"] == "webhooks" for e in retries)
         assert [e for e in events if e.get("event") in ("rebound.fallback", "rebound.dead_lettered")] == []
-    finally:
-        os.killpg(worker.pid, 15)
-        worker.wait(timeout=30)
-        sidecar.kill()
-        log.close()
-        wlog.close()
 
 
 def test_metrics_as_pasted(run_dir, redis_url):
@@ -75,24 +93,16 @@ def test_metrics_as_pasted(run_dir, redis_url):
     qs = run_dir / "metrics-readme"
     qs.mkdir()
     (qs / "tasks.py").write_text(blocks[0] + "\n\n" + extra[0])
-    (qs / "policy.yaml").write_text(FAST)
     mp = str(qs / "prom")
     db = redis_url.rstrip("/") + "/6"
     port = free_port()
-    log = open(qs / "sidecar.log", "ab")
-    sidecar = Sidecar(qs / "policy.yaml", log)
-    sidecar.start()
-    env = dict(os.environ, REDIS_URL=db, REBOUND_TARGET=sidecar.target, METRICS_PORT=str(port),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
 
     def sh(line):
         return ["bash", "-euc", line.replace("/tmp/rebound-metrics", mp)]
 
-    subprocess.run(sh(lines[0]), cwd=qs, env=env, check=True, timeout=30)
-    wlog = open(qs / "worker.log", "ab")
-    worker = subprocess.Popen(sh(lines[1].rstrip(" &")), cwd=qs, env=env, stdout=wlog, stderr=wlog,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with quick_start_stack(qs, db, METRICS_PORT=str(port)) as (env, stack):
+        subprocess.run(sh(lines[0]), cwd=qs, env=env, check=True, timeout=30)
+        start_worker(stack, qs, sh(lines[1].rstrip(" &")), env)
         subprocess.run(sh(lines[2]), cwd=qs, env=env, check=True, timeout=60)
         r = redis.Redis.from_url(db)
         eventually(lambda: r.llen("webhooks") == 0 and r.hlen("unacked") == 0, 90, "the jobs done")
@@ -109,9 +119,3 @@ def test_metrics_as_pasted(run_dir, redis_url):
         got = scraped()
         assert got[("rebound_adapter_decisions_total", (("adapter", "celery"), ("source", "fallback")))] == 0
         assert got[("rebound_adapter_hook_errors_total", (("adapter", "celery"),))] == 0
-    finally:
-        os.killpg(worker.pid, 15)
-        worker.wait(timeout=30)
-        sidecar.kill()
-        log.close()
-        wlog.close()

@@ -85,6 +85,23 @@ async fn spawn_sidecar(kubeconfig: &Path, namespace: &str) -> Result<Sidecar> {
     })
 }
 
+/// [`SIDECARS`] sidecars, returned once each serves `hash` with its source connected.
+async fn start_sidecars(kubeconfig: &Path, namespace: &str, hash: &str) -> Result<Vec<Sidecar>> {
+    let mut sidecars = Vec::new();
+    for _ in 0..SIDECARS {
+        sidecars.push(spawn_sidecar(kubeconfig, namespace).await?);
+    }
+    until_each(
+        &mut sidecars,
+        Instant::now(),
+        Duration::from_secs(30),
+        "first load",
+        |h, s| h == hash && s.connected,
+    )
+    .await?;
+    Ok(sidecars)
+}
+
 /// What a sidecar's `GetPolicy` says: the hash it answers from and its source's state.
 async fn policy(sidecar: &mut Sidecar) -> Option<(String, ConfigSource)> {
     let request = GetPolicyRequest {
@@ -150,18 +167,7 @@ async fn every_sidecar_serves_an_edit_within_5s_of_the_api_server_return() -> Re
     let ns = cluster.create_namespace(&client, "cpfault").await?;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let first = put_configmap(&api, &ns, 100).await?;
-    let mut sidecars = Vec::new();
-    for _ in 0..SIDECARS {
-        sidecars.push(spawn_sidecar(cluster.kubeconfig(), &ns).await?);
-    }
-    until_each(
-        &mut sidecars,
-        Instant::now(),
-        Duration::from_secs(30),
-        "first load",
-        |h, s| h == first && s.connected,
-    )
-    .await?;
+    let mut sidecars = start_sidecars(cluster.kubeconfig(), &ns, &first).await?;
     ensure!(sample(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 1.0);
 
     // Returns once the process is gone (after its graceful shutdown, up to 15 s).
@@ -228,18 +234,7 @@ async fn a_silently_hanging_connection_is_noticed_within_10s() -> Result<()> {
     let proxy = Proxy::start(api_server_addr(&cluster)?).await?;
     let tmp = tempfile::tempdir()?;
     let kubeconfig = kubeconfig_through(&cluster, proxy.addr(), tmp.path())?;
-    let mut sidecars = Vec::new();
-    for _ in 0..SIDECARS {
-        sidecars.push(spawn_sidecar(&kubeconfig, &ns).await?);
-    }
-    until_each(
-        &mut sidecars,
-        Instant::now(),
-        Duration::from_secs(30),
-        "first load",
-        |h, s| h == first && s.connected,
-    )
-    .await?;
+    let mut sidecars = start_sidecars(&kubeconfig, &ns, &first).await?;
 
     let hung = Instant::now();
     proxy.blackhole(true);

@@ -255,7 +255,8 @@ struct Member {
     /// The watch's last word was an event, not an error, and no relist after an error is
     /// under way.
     watch_ok: bool,
-    /// The watch failed since the last complete list: renewals may have been missed.
+    /// Membership could not be observed since it was last judged (the watch failed, or
+    /// this sidecar's own renewals did): renewals may have been missed.
     blind: bool,
     /// The last renewal succeeded.
     renew_ok: bool,
@@ -428,8 +429,16 @@ impl Member {
                 );
             }
         }
-        if !fresh || self.observed.is_relisting() {
+        if !fresh {
+            // Renewals that happen meanwhile may never reach this sidecar.
+            self.blind = true;
             return;
+        }
+        if self.observed.is_relisting() {
+            return;
+        }
+        if std::mem::take(&mut self.blind) {
+            self.observed.resume(now);
         }
         let view = self.observed.members(&self.own, now);
         let (seen, live) = self.observed.sizes();

@@ -22,7 +22,8 @@ use kube::api::Api;
 use rebound_sidecar::pb::v1::{
     ConfigSource, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
-use rebound_test_support::{http_get, workspace_binary};
+use rebound_test_support::metrics::scrape_value;
+use rebound_test_support::workspace_binary;
 use rebound_tests::process::{Running, wait_listening};
 use rebound_tests::proxy::{Proxy, api_server_addr, kubeconfig_through};
 use rebound_tests::{DedicatedCluster, repo_root, unique_name};
@@ -143,18 +144,6 @@ async fn until_each(
 }
 
 /// A metric sample's value from the sidecar's admin endpoint.
-fn sample(admin: SocketAddr, name: &str) -> Result<f64> {
-    let text = http_get(admin, "/metrics")?.ok()?;
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .find(|(n, _)| *n == name)
-        .context(format!("no sample {name}"))?
-        .1
-        .trim()
-        .parse()
-        .context(name.to_owned())
-}
-
 async fn start_cluster(prefix: &str) -> Result<DedicatedCluster> {
     let state_dir = repo_root().join(".state").join(unique_name(prefix));
     tokio::task::spawn_blocking(move || DedicatedCluster::start(&state_dir)).await?
@@ -168,7 +157,7 @@ async fn every_sidecar_serves_an_edit_within_5s_of_the_api_server_return() -> Re
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let first = put_configmap(&api, &ns, 100).await?;
     let mut sidecars = start_sidecars(cluster.kubeconfig(), &ns, &first).await?;
-    ensure!(sample(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 1.0);
+    ensure!(scrape_value(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 1.0);
 
     // Returns once the process is gone (after its graceful shutdown, up to 15 s).
     tokio::task::block_in_place(|| cluster.stop_apiserver())?;
@@ -191,9 +180,9 @@ async fn every_sidecar_serves_an_edit_within_5s_of_the_api_server_return() -> Re
             "disconnected since {since}, stopped at {stopped_ms}"
         );
     }
-    ensure!(sample(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 0.0);
+    ensure!(scrape_value(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 0.0);
     ensure!(
-        sample(
+        scrape_value(
             sidecars[0].admin,
             "rebound_sidecar_config_source_disconnected_seconds"
         )? > 0.0
@@ -220,7 +209,7 @@ async fn every_sidecar_serves_an_edit_within_5s_of_the_api_server_return() -> Re
         took.iter().all(|t| *t <= Duration::from_secs(5)),
         "an edit made at the API server's return was served after {took:?} (> 5 s)"
     );
-    ensure!(sample(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 1.0);
+    ensure!(scrape_value(sidecars[0].admin, "rebound_sidecar_config_source_connected")? == 1.0);
     Ok(())
 }
 

@@ -13,8 +13,7 @@ mod fleet_support;
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
+    net::SocketAddr,
     path::PathBuf,
     process::Command,
     sync::{
@@ -291,16 +290,6 @@ fn schedule(answers: &[Answer]) -> Schedule {
     }
 }
 
-fn metric(admin: SocketAddr, name: &str) -> Result<f64> {
-    let mut s = TcpStream::connect(admin)?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .with_context(|| format!("no {name} in the metrics"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_budget_holds_across_six_sidecars_and_membership_changes() -> Result<()> {
     let env = TestEnv::new("fleet-budget").await?;
@@ -323,23 +312,15 @@ async fn a_retry_budget_holds_across_six_sidecars_and_membership_changes() -> Re
         [0, 1, 2, 3, 4, 5],
         "members in the order of their Lease names"
     );
+    assert_eq!(sidecars[3].metric("rebound_sidecar_fleet_members")?, 6.0);
+    assert_eq!(sidecars[3].metric("rebound_sidecar_fleet_member")?, 3.0);
+    let scope = rebound_test_support::metrics::scrape(sidecars[3].admin)?;
     assert_eq!(
-        metric(sidecars[3].admin, "rebound_sidecar_fleet_members")?,
-        6.0
+        scope.value("rebound_sidecar_budget_scope", &[("scope", "fleet")]),
+        Some(1.0)
     );
     assert_eq!(
-        metric(sidecars[3].admin, "rebound_sidecar_fleet_member")?,
-        3.0
-    );
-    assert_eq!(
-        metric(
-            sidecars[3].admin,
-            "rebound_sidecar_budget_scope{scope=\"fleet\"}"
-        )?,
-        1.0
-    );
-    assert_eq!(
-        metric(sidecars[3].admin, "rebound_sidecar_fleet_membership_stale")?,
+        sidecars[3].metric("rebound_sidecar_fleet_membership_stale")?,
         0.0
     );
 

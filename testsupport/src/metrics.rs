@@ -104,6 +104,18 @@ impl Samples {
     }
 }
 
+/// The samples `GET /metrics` on `addr` answers (status 200 required).
+pub fn scrape(addr: std::net::SocketAddr) -> Result<Samples> {
+    Samples::parse(&crate::http_get(addr, "/metrics")?.ok()?)
+}
+
+/// The value of the unlabelled sample `name` that `addr`'s `/metrics` answers.
+pub fn scrape_value(addr: std::net::SocketAddr, name: &str) -> Result<f64> {
+    scrape(addr)?
+        .value(name, &[])
+        .with_context(|| format!("no sample {name} at {addr}"))
+}
+
 fn format_le(le: f64) -> String {
     if le.is_infinite() {
         "+Inf".to_owned()

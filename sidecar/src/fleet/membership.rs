@@ -247,6 +247,19 @@ impl Observed {
         }
     }
 
+    /// This sidecar can observe again at `now` after a time it could not (its watch had
+    /// failed and resumed without a re-list, or its own renewals failed): renewals it could
+    /// not see must not count against a Lease, so every remembered one is judged from
+    /// `now`, as after a blind re-list.
+    pub fn resume(&mut self, now: Instant) {
+        let seen = std::mem::take(&mut self.seen);
+        self.live.clear();
+        for (name, mut s) in seen {
+            s.changed = now;
+            self.track(&name, s);
+        }
+    }
+
     fn track(&mut self, name: &str, seen: Seen) {
         if seen.holds() {
             self.live.insert(name.to_owned(), seen.deadline());
@@ -406,6 +419,24 @@ mod tests {
         o.relisted("a", rec("a", "1", 10));
         o.end_relist(t0 + s(30), true);
         assert_eq!(o.members("z", t0 + s(39)).members, ["a", "z"]);
+    }
+
+    #[test]
+    fn resuming_after_a_blind_time_judges_every_lease_from_then() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut o = Observed::default();
+        o.apply("a", rec("a", "1", 10), t0);
+        o.apply("b", rec("b", "1", 10), t0);
+        o.apply("r", rec("", "1", 10), t0);
+        // 30 s unable to observe; then the watch resumes without a re-list.
+        o.resume(t0 + s(30));
+        assert_eq!(o.members("z", t0 + s(30)).members, ["a", "b", "z"]);
+        assert_eq!(o.sizes(), (3, 2), "a released Lease stays out");
+        // Renewals resume for one of them only: the other is out a duration later.
+        o.apply("a", rec("a", "2", 10), t0 + s(35));
+        assert_eq!(o.members("z", t0 + s(39)).members, ["a", "b", "z"]);
+        assert_eq!(o.members("z", t0 + s(40)).members, ["a", "z"]);
     }
 
     #[test]

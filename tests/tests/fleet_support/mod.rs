@@ -4,8 +4,7 @@
 #![allow(dead_code)]
 
 use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -108,15 +107,9 @@ impl Sidecar {
         }
     }
 
-    /// A sample of the admin port's metrics, `name` with its labels as written.
+    /// The unlabelled sample `name` of the admin port's metrics.
     pub fn metric(&self, name: &str) -> Result<f64> {
-        let mut s = TcpStream::connect(self.admin)?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .with_context(|| format!("no {name} in the metrics"))
+        rebound_test_support::metrics::scrape_value(self.admin, name)
     }
 
     /// SIGTERM, as the kubelet stops a Pod; the sidecar must exit cleanly.

@@ -158,7 +158,8 @@ pub struct Membership {
     seen: Observed,
     /// Re-list in progress, per watch stream.
     relisting: HashMap<usize, Listed>,
-    /// A watch failed since the last re-list: renewals made meanwhile were not seen.
+    /// A watch failed since the last re-list or event: renewals made meanwhile were not
+    /// seen, and no expiry is judged until the watch is back.
     blind: bool,
     counts: Counts,
 }
@@ -173,8 +174,10 @@ impl Membership {
         }
     }
 
-    /// A watch failed: the next re-list judges every Lease it lists from its own time, as
-    /// seen for the first time (sidecars could not renew through an outage either).
+    /// A watch failed: no expiry is judged until it is back, and then every Lease counts
+    /// from that time, as seen for the first time (sidecars could not renew through an
+    /// outage either): at the next re-list, or at the first event of a watch that resumed
+    /// without one.
     pub fn watch_failed(&mut self) {
         self.blind = true;
     }
@@ -189,6 +192,9 @@ impl Membership {
     ) -> Vec<String> {
         match event {
             Event::Apply(lease) | Event::Delete(lease) => {
+                if std::mem::take(&mut self.blind) {
+                    self.forgive(now);
+                }
                 let (Some(ns), Some(name)) = (lease.namespace(), lease.metadata.name.clone())
                 else {
                     return Vec::new();
@@ -253,7 +259,21 @@ impl Membership {
     /// The namespaces whose count changed since the last look, at `now` (an expiry is no
     /// event).
     pub fn tick(&mut self, now: Instant) -> Vec<String> {
+        if self.blind {
+            return Vec::new();
+        }
         self.changed(now, None)
+    }
+
+    /// Every remembered Lease counts from `now`, as after a blind re-list.
+    fn forgive(&mut self, now: Instant) {
+        for seen in self
+            .seen
+            .values_mut()
+            .flat_map(|leases| leases.values_mut())
+        {
+            seen.changed = now;
+        }
     }
 
     /// Compares the counts of `scope` (`None`: every namespace) with the last ones.
@@ -435,5 +455,27 @@ mod tests {
             ["a"]
         );
         assert_eq!(counts.get("a"), 0);
+    }
+
+    #[test]
+    fn a_watch_resumed_without_a_relist_forgives_blind_time() {
+        let t = clock();
+        let counts = Counts::default();
+        let mut m = Membership::new("cm", counts.clone());
+        apply(&mut m, lease("a", "1", "cm", 0, 15), t(1));
+        apply(&mut m, lease("a", "2", "cm", 0, 15), t(1));
+        // An outage longer than the duration: nothing judged while blind.
+        m.watch_failed();
+        assert!(m.tick(t(30)).is_empty());
+        assert_eq!(counts.get("a"), 2);
+        // The watch resumes; its first event is one sidecar's renewal: both still count,
+        // the other from now.
+        assert!(apply(&mut m, lease("a", "1", "cm", 31, 15), t(31)).is_empty());
+        assert_eq!(counts.get("a"), 2);
+        // Only that one renews again: the other is out a duration after the resumption.
+        assert!(apply(&mut m, lease("a", "1", "cm", 40, 15), t(40)).is_empty());
+        assert!(m.tick(t(45)).is_empty());
+        assert_eq!(m.tick(t(46)), ["a"]);
+        assert_eq!(counts.get("a"), 1);
     }
 }

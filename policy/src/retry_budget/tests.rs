@@ -202,6 +202,8 @@ fn a_repeated_question_gets_the_same_answer_and_no_slot() {
     // The same answer: the same run time (so the same slot), counted from the repeat's now.
     assert_eq!(10_002 + delay(&again), 10_000 + delay(&stretched));
     assert_eq!(again.stretched, stretched.stretched);
+    let unstretched = s.apply(&p, retry(0), &ask("a", 10_001));
+    assert!(unstretched.repeat && !unstretched.stretched && !first.stretched);
     assert!(again.repeat && !stretched.repeat);
     // The next new job goes after b's slot: b's repeat did not take one.
     let c = s.apply(&p, retry(0), &ask("c", 10_002));
@@ -274,7 +276,7 @@ fn the_memo_is_bounded_and_forgets_the_oldest() {
     let p = policy(None);
     for i in 0..1_000 {
         s.apply(&p, retry(0), &ask(&i.to_string(), 0));
-        assert!(s.memo_len() <= 100);
+        assert_eq!(s.memo_len(), (i + 1).min(100));
     }
     assert!(s.apply(&p, retry(0), &ask("999", 0)).repeat);
     assert!(!s.apply(&p, retry(0), &ask("0", 0)).repeat, "evicted");
@@ -362,6 +364,59 @@ fn stretching_past_the_deadline_gives_up_with_deadline() {
         },
     );
     assert_eq!(delay(&d), 3_000);
+}
+
+/// The budget refuses only what it stretched: a retry that fits its slot passes unchanged,
+/// even one `decide` would not have given (the scheduler takes any answer).
+#[test]
+fn an_unstretched_retry_is_never_refused() {
+    let mut s = Scheduler::new(budget(1, 1));
+    let far = limits::MAX_BOOK_AHEAD_MS + 1_000;
+    assert_eq!(
+        delay(&s.apply(&policy(None), retry(far), &ask("a", 0))),
+        far
+    );
+    let late = Ask {
+        first_failure_ms: Some(0),
+        ..ask("b", 10_000)
+    };
+    let b = s.apply(&policy(Some(3_000)), retry(5_000), &late);
+    assert_eq!((delay(&b), b.stretched), (5_000, false));
+}
+
+/// The last slot of representable time can be booked; the one after it is the horizon.
+#[test]
+fn the_last_slot_of_time_is_bookable() {
+    let mut s = Scheduler::new(budget(1, 1));
+    let p = policy(None);
+    let now = u64::MAX - 10;
+    assert_eq!(delay(&s.apply(&p, retry(10), &ask("a", now))), 10);
+    let b = s.apply(&p, retry(10), &ask("b", now));
+    assert!(
+        matches!(
+            b.decision,
+            Decision::GiveUp {
+                reason: GiveUpReason::Deadline { .. },
+                ..
+            }
+        ),
+        "{b:?}"
+    );
+    s.check_book().expect("book consistent");
+}
+
+/// `check_book` is the book's own check: a book over its run cap is reported.
+#[test]
+fn check_book_reports_a_broken_book() {
+    let mut s = Scheduler::new(budget(1_000, 1));
+    let p = policy(None);
+    for i in 0..3 {
+        s.apply(&p, retry(i * 10), &ask(&i.to_string(), 0));
+    }
+    assert_eq!(s.runs(), 3);
+    assert_eq!(s.check_book(), Ok(()));
+    s.slots.max_runs = 1;
+    assert!(s.check_book().is_err());
 }
 
 #[test]

@@ -214,6 +214,16 @@ fn three_line_policy_is_valid_with_documented_defaults() {
     assert_eq!(resolved.terminal, rebound_policy::Disposition::Drop);
 }
 
+/// A schedule's resolved base is its first delay (what the compiled document and
+/// `rebound explain` show), not the default base; other strategies keep their base.
+#[test]
+fn a_schedule_resolves_its_base_to_its_first_delay() {
+    let text = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: s}\nspec:\n  queues: [jobs]\n  backoff: {strategy: schedule, schedule: [2s, 5s]}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: c}\nspec:\n  queues: [other]\n  backoff: {strategy: constant, base: 3s}\n";
+    let docs = parse_manifests(text).expect("YAML");
+    let base = |i: usize| docs[i].result.as_ref().expect("valid").1.base_ms;
+    assert_eq!((base(0), base(1)), (2_000, 3_000));
+}
+
 #[test]
 fn other_kinds_and_empty_documents_are_skipped() {
     let text = "---\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\napiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: ok}\nspec: {queues: [a]}\n";

@@ -315,17 +315,20 @@ fn every_dashboard_query_returns_data(server: &Server) -> Result<()> {
 fn resolved(server: &Server, scenarios: &Scenarios) -> Result<()> {
     let started = Instant::now();
     let fixed = scenarios.fixed();
+    let mut left = Vec::new();
     wait_for(
         "the fixed alerts to resolve",
         Duration::from_secs(120),
         || {
-            let alerts = server.alerts()?;
-            Ok((!alerts
-                .iter()
-                .any(|a| fixed.iter().any(|f| json_contains(&a["labels"], f))))
-            .then_some(()))
+            left = server
+                .alerts()?
+                .into_iter()
+                .filter(|a| fixed.iter().any(|f| json_contains(&a["labels"], f)))
+                .collect();
+            Ok(left.is_empty().then_some(()))
         },
-    )?;
+    )
+    .with_context(|| format!("still pending or firing: {left:#?}"))?;
     eprintln!(
         "monitoring_node: {} alerts resolved {:.0}s after the fixes",
         fixed.len(),

@@ -195,7 +195,7 @@ impl Scenarios {
     /// labels, and for its own namespace only among the test's.
     pub fn check_labels(&self, firing: &[Value], expected: &[Value]) -> Result<()> {
         let mine = [
-            &self.fallback.namespace,
+            self.fallback.namespace.as_str(),
             &self.storm.namespace,
             &self.stale.namespace,
             &self.not_ready,
@@ -205,7 +205,7 @@ impl Scenarios {
             let alerts: Vec<&Value> = firing
                 .iter()
                 .filter(|a| a["labels"]["alertname"] == *name)
-                .filter(|a| mine.iter().any(|ns| a["labels"]["namespace"] == ***ns))
+                .filter(|a| mine.contains(&a["labels"]["namespace"].as_str().unwrap_or_default()))
                 .collect();
             let mut labels = labels.clone();
             labels["severity"] = json!("warning");

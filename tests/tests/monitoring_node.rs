@@ -249,21 +249,16 @@ fn targets_are_discovered(server: &Server, scenarios: &Scenarios) -> Result<()> 
                 .filter(|t| t["health"] == "up" && json_contains(&t["labels"], &labels))
                 .count()
         };
-        let operators = up(
-            json!({"job": "rebound-operator-metrics", "namespace": OPERATOR_NS,
-                                  "container": "operator", "endpoint": "metrics"}),
-        );
-        let workers = scenarios.workers();
-        let all = workers.iter().all(|w| {
-            up(json!({"job": "rebound-system/rebound-sidecar-hand-written",
-                      "namespace": w.namespace, "pod": w.pod, "container": "rebound",
-                      "endpoint": "admin"}))
-                == 1
-                && up(
-                    json!({"job": "rebound-system/worker-adapter", "namespace": w.namespace,
-                             "pod": w.pod, "container": "worker"}),
-                ) == 1
+        let operator = json!({"job": "rebound-operator-metrics", "namespace": OPERATOR_NS,
+                              "container": "operator", "endpoint": "metrics"});
+        let all = scenarios.workers().iter().all(|w| {
+            let sidecar = json!({"job": w.sidecar_job, "namespace": w.namespace,
+                                 "pod": w.pod, "container": w.sidecar});
+            let adapter = json!({"job": "rebound-system/worker-adapter",
+                                 "namespace": w.namespace, "pod": w.pod, "container": "worker"});
+            up(sidecar) == 1 && up(adapter) == 1
         });
+        let operators = up(operator);
         Ok((operators == 2 && all).then_some(()))
     })
 }

@@ -15,7 +15,16 @@ use crate::WORKER_METRICS_PORT;
 pub struct Worker {
     pub namespace: String,
     pub pod: String,
+    /// The job of its sidecar's series: the chart's PodMonitor that selects it.
+    pub sidecar_job: &'static str,
+    /// The sidecar's container name.
+    pub sidecar: &'static str,
 }
+
+/// Hand-written sidecars (`examples/worker/worker.yaml`): PodMonitor and container.
+const HAND_WRITTEN: (&str, &str) = ("rebound-system/rebound-sidecar-hand-written", "rebound");
+/// Injected sidecars (the chart's admission policy): PodMonitor and container.
+const INJECTED: (&str, &str) = ("rebound-system/rebound-sidecar", "rebound-sidecar");
 
 pub struct Scenarios {
     /// Its sidecar gets stopped: the worker falls back.
@@ -81,11 +90,16 @@ impl Scenarios {
             fallback,
             &[worker("rebound-policies", &[("INTERVAL", "50ms")])?],
         )?;
-        // Attempts 1 and 2 of each job: 5 budgeted retries and 5 dead letters a second.
-        node.apply(storm, &[worker("rebound-policies", &[("ATTEMPTS", "2")])?])?;
+        // Attempts 1 and 2 of each job: 5 budgeted retries and 5 dead letters a second; its
+        // sidecar injected (watch mode, a fleet Lease), with /metrics on the Pod IP.
+        node.apply(storm, &[injected_worker(&[("ATTEMPTS", "2")])])?;
         node.apply(stale, &[worker("pinned-policies", &[])?])?;
         let mut pods = Vec::new();
-        for ns in [fallback, storm, stale] {
+        for (ns, (sidecar_job, sidecar)) in [
+            (fallback, HAND_WRITTEN),
+            (storm, INJECTED),
+            (stale, HAND_WRITTEN),
+        ] {
             node.kubectl([
                 "rollout",
                 "status",
@@ -98,6 +112,8 @@ impl Scenarios {
             pods.push(Worker {
                 namespace: ns.clone(),
                 pod: running_pod(node, ns)?,
+                sidecar_job,
+                sidecar,
             });
         }
         let stale = pods.pop().context("three workers")?;
@@ -261,6 +277,41 @@ fn pinned(data: &Value) -> Value {
            "data": data})
 }
 
+/// The test worker with nothing but `rebound.dev/inject: "true"` (and `rebound.dev/metrics:
+/// "true"`, as `injection.metrics` would set for a PodMonitor): the chart adds its sidecar.
+fn injected_worker(env: &[(&str, &str)]) -> Value {
+    let mut vars = worker_env();
+    vars.extend(env.iter().map(|(n, v)| json!({"name": n, "value": v})));
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "worker"},
+    "spec": {"replicas": 1,
+             "selector": {"matchLabels": {"app.kubernetes.io/name": "worker"}},
+             "template": {
+                 "metadata": {"labels": {"app.kubernetes.io/name": "worker"},
+                              "annotations": {"rebound.dev/inject": "true",
+                                              "rebound.dev/metrics": "true"}},
+                 "spec": {
+                     "automountServiceAccountToken": false,
+                     "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                         "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": [{
+                         "name": "worker", "image": WORKER_IMAGE,
+                         "imagePullPolicy": "Never", "env": vars,
+                         "ports": [{"name": "metrics",
+                                    "containerPort": WORKER_METRICS_PORT}],
+                         "securityContext": {"allowPrivilegeEscalation": false,
+                                             "capabilities": {"drop": ["ALL"]}},
+                     }]}}}})
+}
+
+/// What every test worker is told: its queue, name, and where to serve its counters.
+fn worker_env() -> Vec<Value> {
+    vec![
+        json!({"name": "QUEUE", "value": "webhooks"}),
+        json!({"name": "METRICS_LISTEN", "value": format!(":{WORKER_METRICS_PORT}")}),
+        json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+    ]
+}
+
 /// `examples/worker/worker.yaml` with the test worker (serving its adapter counters on
 /// the port named `metrics`, `env` added) and the sidecar reading `configmap`.
 fn worker(configmap: &str, env: &[(&str, &str)]) -> Result<Value> {
@@ -287,11 +338,7 @@ fn worker(configmap: &str, env: &[(&str, &str)]) -> Result<Value> {
     let vars = container["env"]
         .as_array_mut()
         .context("the worker has no env")?;
-    vars.push(json!({"name": "QUEUE", "value": "webhooks"}));
-    vars.push(json!({"name": "METRICS_LISTEN", "value": format!(":{WORKER_METRICS_PORT}")}));
-    vars.push(
-        json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
-    );
+    vars.extend(worker_env());
     for (name, value) in env {
         vars.push(json!({"name": name, "value": value}));
     }

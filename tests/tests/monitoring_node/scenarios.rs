@@ -1,6 +1,7 @@
 //! The failures `monitoring_node` drives, each in a `restricted` namespace of its own with
-//! the test worker (`dev/node/worker`) beside the hand-written sidecar of
-//! `examples/worker/worker.yaml`, its adapter counters on [`WORKER_METRICS_PORT`].
+//! the test worker (`dev/node/worker`, its adapter counters on [`WORKER_METRICS_PORT`])
+//! beside a sidecar: hand-written as in `examples/worker/worker.yaml`, or injected by the
+//! chart, so both of the chart's PodMonitors find one.
 
 use std::time::Duration;
 

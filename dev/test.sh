@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite, as CI runs it: builds (or reuses) the local control plane and the
 # test tools, starts one kube-apiserver + etcd for the whole run, runs every workspace
-# test against it (tests/tests/node.rs also starts a real node: kubelet, containerd,
-# Pods), then the Node package's unit and end-to-end tests and the
+# test against it (tests/tests/node.rs, injection_node.rs and monitoring_node.rs each
+# start a real node: kubelet, containerd, Pods; cargo runs test binaries one at a time), then the Node package's unit and end-to-end tests and the
 # webhook-delivery example's test against the same cluster (each starts its own operator,
 # sidecar and Redis), the Python (Celery), Ruby (Sidekiq) and Go (River) adapters' tests,
 # the GitOps checks and the images, and stops the cluster again.
@@ -21,8 +21,8 @@ bin_dir="$(dev/build-control-plane.sh | tail -n 1)"
 tools_dir="$(dev/install-tools.sh | tail -n 1)"
 export PATH="$bin_dir:$tools_dir:$PATH"
 
-# tests/tests/node.rs starts and stops a node of its own in .state/node (one per machine);
-# stopped here too in case the test binary was killed.
+# The node tests start and stop a node of their own in .state/node (one per machine);
+# stopped here too in case a test binary was killed.
 node_state="$repo_root/.state/node"
 export REBOUND_NODE_STATE_DIR="$node_state"
 cleanup() {
@@ -39,7 +39,8 @@ export REBOUND_HELM
 
 # Rules and alerts (monitoring/): promtool and prometheus from dev/build-prometheus.sh, the
 # rules checked and their unit tests run (tests/tests/monitoring.rs runs them too, with the
-# checks that every alert is tested and documented).
+# checks that every alert is tested and documented; monitoring_node.rs runs the server on
+# the real node).
 prometheus_bin="$(dev/build-prometheus.sh | tail -n 1)"
 export REBOUND_PROMETHEUS_BIN_DIR="$prometheus_bin"
 "$prometheus_bin/promtool" check rules monitoring/rules.yaml

@@ -26,6 +26,7 @@ pub mod node;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;
+pub mod scrape;
 
 pub use cluster::{
     Cluster, CmdOutput, DedicatedCluster, FIELD_MANAGER, TestEnv, client_from_kubeconfig, crds_dir,

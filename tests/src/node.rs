@@ -94,6 +94,25 @@ impl Node {
         .map(drop)
     }
 
+    /// The host PID of a running container (`containerID` of a Pod's status, without
+    /// `containerd://`), from the node's containerd.
+    pub fn container_pid(&self, id: &str) -> Result<u32> {
+        let socket = self.state_dir.join("node/containerd/containerd.sock");
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["--namespace", "k8s.io", "tasks", "ls"])
+            .output()
+            .context("running ctr")?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(id)).then(|| f.next()?.parse().ok())?
+            })
+            .with_context(|| format!("container {id} has no running task"))
+    }
+
     /// `kubectl get ARGS -o json`, parsed.
     pub fn get_json<I, S>(&self, args: I) -> Result<Value>
     where

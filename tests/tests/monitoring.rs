@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail, ensure};
 use rebound_tests::helm::{Helm, chart_dir, find, manifests, schema_violations};
 use rebound_tests::injection::cli_inject;
-use rebound_tests::prometheus::PrometheusTools;
+use rebound_tests::prometheus::{PrometheusTools, dashboard_queries};
 use rebound_tests::{repo_root, yaml_documents};
 use serde_json::{Value, json};
 
@@ -259,56 +259,6 @@ fn runbook_section<'a>(doc: &'a str, name: &str) -> Option<&'a str> {
     let start = doc.find(&heading)? + heading.len();
     let rest = &doc[start..];
     Some(rest.find("\n## ").map_or(rest, |end| &rest[..end]))
-}
-
-/// Every panel target's `expr` and every variable's metric, with the variables filled in
-/// as "All" (and Grafana's `$__rate_interval` as 5m).
-fn dashboard_queries(dashboard: &Value) -> Result<Vec<(String, String)>> {
-    fn panels<'a>(list: &'a Value, out: &mut Vec<&'a Value>) {
-        for p in list.as_array().into_iter().flatten() {
-            out.push(p);
-            panels(&p["panels"], out);
-        }
-    }
-    let mut all = Vec::new();
-    panels(&dashboard["panels"], &mut all);
-    let fill = |e: &str| {
-        e.replace("$__rate_interval", "5m")
-            .replace("$namespace", ".*")
-            .replace("$policy", ".*")
-    };
-    let mut queries = Vec::new();
-    for p in all.iter().filter(|p| p["type"] != "row") {
-        let title = p["title"].as_str().unwrap_or_default();
-        let targets = p["targets"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-        ensure!(!targets.is_empty(), "panel {title:?} has no query");
-        ensure!(
-            p["datasource"]["uid"] == "${datasource}",
-            "panel {title:?}: datasource {}",
-            p["datasource"]
-        );
-        for t in targets {
-            let expr = t["expr"]
-                .as_str()
-                .with_context(|| format!("panel {title:?}: a target without expr"))?;
-            queries.push((title.to_owned(), fill(expr)));
-        }
-    }
-    for v in dashboard["templating"]["list"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        if let Some(q) = v["query"]["query"].as_str() {
-            let inner = q
-                .strip_prefix("label_values(")
-                .and_then(|q| q.rsplit_once(','))
-                .map(|(metric, _)| metric)
-                .with_context(|| format!("variable {}: {q}", v["name"]))?;
-            queries.push((format!("variable {}", v["name"]), fill(inner)));
-        }
-    }
-    Ok(queries)
 }
 
 /// A promtool unit test: each query, wrapped in `clamp_max(count(...), 1)`, must give 1 on

@@ -253,7 +253,7 @@ fn images_run_under_their_security_context(node: &Node, namespace: &str, app: &s
                 .as_str()
                 .and_then(|id| id.strip_prefix("containerd://"))
                 .context("no containerd container ID")?;
-            check_process_security(container_pid(node, id)?)
+            check_process_security(node.container_pid(id)?)
                 .with_context(|| format!("{} in {}", container["name"], pod["metadata"]["name"]))?;
             checked += 1;
         }
@@ -304,23 +304,6 @@ fn check_process_security(pid: u32) -> Result<()> {
         "root mounted {options}"
     );
     Ok(())
-}
-
-fn container_pid(node: &Node, id: &str) -> Result<u32> {
-    let socket = node.state_dir().join("node/containerd/containerd.sock");
-    let out = std::process::Command::new("ctr")
-        .arg("--address")
-        .arg(&socket)
-        .args(["--namespace", "k8s.io", "tasks", "ls"])
-        .output()
-        .context("running ctr")?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            (f.next() == Some(id)).then(|| f.next()?.parse().ok())?
-        })
-        .with_context(|| format!("container {id} has no running task"))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -7,17 +7,16 @@
 //! operator leads: ReboundOperatorNoLeader is not.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use rebound_test_support::eventually_blocking;
-use rebound_tests::prometheus::PrometheusTools;
+use rebound_tests::prometheus::{Server, encode, script};
 use rebound_tests::repo_root;
 use serde_json::{Value, json};
 
@@ -70,88 +69,6 @@ impl Drop for Exporter {
     }
 }
 
-/// A server started by `dev/prometheus.sh up`; `down` on drop (on failure too).
-struct Server {
-    state: PathBuf,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn up(state: &Path, config: &Path) -> Result<Server> {
-        let out = script(&[
-            "up",
-            &state.to_string_lossy(),
-            "--config",
-            &config.to_string_lossy(),
-        ])?;
-        let url = out.lines().last().unwrap_or_default();
-        let addr = url
-            .strip_prefix("http://")
-            .with_context(|| format!("dev/prometheus.sh up printed {url:?}"))?
-            .parse()?;
-        Ok(Server {
-            state: state.to_owned(),
-            addr,
-        })
-    }
-
-    /// GET an API path; its `data` field.
-    fn api(&self, path: &str) -> Result<Value> {
-        // HTTP/1.0: Go's server answers it without chunked encoding.
-        let mut conn = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2))?;
-        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-        conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).as_bytes())?;
-        let mut response = String::new();
-        conn.read_to_string(&mut response)?;
-        let (head, body) = response
-            .split_once("\r\n\r\n")
-            .with_context(|| format!("{path}: malformed response"))?;
-        ensure!(head.starts_with("HTTP/1.0 200 "), "{path}: {head}");
-        let answer: Value = serde_json::from_str(body)?;
-        ensure!(answer["status"] == "success", "{path}: {answer}");
-        Ok(answer["data"].clone())
-    }
-
-    fn pid(&self) -> Result<u32> {
-        Ok(std::fs::read_to_string(self.state.join("prometheus.pid"))?
-            .trim()
-            .parse()?)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = script(&["down", &self.state.to_string_lossy()]);
-    }
-}
-
-fn script(args: &[&str]) -> Result<String> {
-    let tools = PrometheusTools::get()?;
-    let out = Command::new("bash")
-        .arg(repo_root().join("dev/prometheus.sh"))
-        .args(args)
-        .env("REBOUND_PROMETHEUS", tools.prometheus())
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "dev/prometheus.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-/// Percent-encodes a query parameter.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 const OPERATOR: &str = "# TYPE rebound_operator_leader gauge\n\
 rebound_operator_leader 1\n\
 # TYPE rebound_operator_config_info gauge\n\
@@ -183,7 +100,7 @@ fn a_real_prometheus_evaluates_the_rules_on_what_it_scrapes() -> Result<()> {
     let server = Server::up(&state, &config_file)?;
     // Idempotent: a second `up` reuses the running server.
     let again = script(&["up", &state.to_string_lossy()])?;
-    ensure!(again.lines().last() == Some(format!("http://{}", server.addr).as_str()));
+    ensure!(again.lines().last() == Some(format!("http://{}", server.addr()).as_str()));
 
     let groups = server.api("/api/v1/rules")?;
     let health: Vec<&Value> = groups["groups"]

@@ -1,13 +1,15 @@
 // Command node-worker is the worker of the node tests: it asks its Pod's sidecar, through
-// the Go client, what to do after a failure of attempt 1, 2, 3, ... of one job, over and
-// over, and reports every answer as one JSON object: on stdout (`kubectl logs`) and, when
+// the Go client, what to do after a failure of attempt 1, 2, ... ATTEMPTS of a job, then
+// of the next job (each its own job ID, as a retry budget sees them), over and over, and reports every answer as one JSON object: on stdout (`kubectl logs`) and, when
 // REPORT_URL is set, by POST to that address (the tests listen on the node's address, so
 // the answers of a Pod outlive the Pod). On SIGTERM it stops asking, reports
 // {"event":"stopped"} with the number of calls and failures, and exits 0.
 //
 // Environment: REBOUND_TARGET (the sidecar; the client's default otherwise), QUEUE
 // (default "webhooks"), ATTEMPTS (the attempt numbers cycle 1..ATTEMPTS, default 5),
-// INTERVAL (between calls, default 100ms), REPORT_URL, POD_NAME.
+// INTERVAL (between calls, default 100ms), REPORT_URL, POD_NAME, METRICS_LISTEN (an
+// address such as ":9090": the Go adapter's rebound_adapter_* counters on /metrics for
+// Prometheus; off when empty).
 package main
 
 import (
@@ -16,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -23,7 +26,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	rebound "github.com/rebound-dev/rebound/clients/go"
+	reboundriver "github.com/rebound-dev/rebound/clients/go/river"
 )
 
 // Report is one line of what the worker saw.
@@ -71,6 +77,11 @@ func run() error {
 		return err
 	}
 	defer client.Close()
+	if addr := os.Getenv("METRICS_LISTEN"); addr != "" {
+		if err := serveMetrics(addr, client, logger); err != nil {
+			return err
+		}
+	}
 	reporter := reporter{url: os.Getenv("REPORT_URL"), pod: os.Getenv("POD_NAME"), http: &http.Client{Timeout: 2 * time.Second}}
 	// What the client was told to use ("" means its default, 127.0.0.1:7411).
 	target := os.Getenv("REBOUND_TARGET")
@@ -91,7 +102,7 @@ func run() error {
 		}
 		attempt := calls%attempts + 1
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		answer := client.Decide(ctx, rebound.Failure{Queue: queue, Attempt: attempt, JobID: "node-worker-job"})
+		answer := client.Decide(ctx, rebound.Failure{Queue: queue, Attempt: attempt, JobID: fmt.Sprintf("node-worker-job-%d", calls/attempts)})
 		cancel()
 		calls++
 		if answer.Source != rebound.SourceSidecar {
@@ -141,4 +152,26 @@ func envOr(name, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// serveMetrics exposes the counters of client the way a River worker does (the adapter's
+// collector, one registry), so the monitoring tests scrape real adapter series.
+func serveMetrics(addr string, client *rebound.Rebound, logger *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	if err := reboundriver.New(client, reboundriver.Options{}).RegisterMetrics(reg); err != nil {
+		return fmt.Errorf("METRICS_LISTEN: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	server := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("METRICS_LISTEN=%q: %w", addr, err)
+	}
+	go func() {
+		if err := server.Serve(listener); err != nil && err != http.ErrServerClosed {
+			logger.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return nil
 }

@@ -305,51 +305,81 @@ pub struct PolicyTable {
     prefixes: PrefixTrie,
 }
 
-/// Literal prefixes of the globs; each node lists the globs (indices into
-/// `PolicyTable::globs`, ascending, so in precedence order) whose prefix ends there.
-#[derive(Debug, Default)]
+/// Literal prefixes of the globs, as a trie laid out in flat arrays (a few allocations in
+/// all, not two per node). Node `n`'s edges are `edge_byte/edge_child[edge_start[n]..
+/// edge_start[n + 1]]`, sorted by byte; the globs whose prefix ends at `n` (indices into
+/// `PolicyTable::globs`, ascending, so in precedence order) are
+/// `globs[glob_start[n]..glob_start[n + 1]]`.
+#[derive(Debug)]
 struct PrefixTrie {
-    nodes: Vec<TrieNode>,
-}
-
-#[derive(Debug, Default)]
-struct TrieNode {
-    /// Sorted by byte.
-    children: Vec<(u8, usize)>,
-    globs: Vec<usize>,
+    edge_start: Box<[usize]>,
+    edge_byte: Box<[u8]>,
+    edge_child: Box<[usize]>,
+    glob_start: Box<[usize]>,
+    globs: Box<[usize]>,
 }
 
 impl PrefixTrie {
     fn build<'a>(prefixes: impl Iterator<Item = &'a [u8]>) -> Self {
-        let mut trie = PrefixTrie {
-            nodes: vec![TrieNode::default()],
-        };
+        // Built with a vector per node, then laid flat; node numbers stay as built.
+        #[derive(Default)]
+        struct Node {
+            children: Vec<(u8, usize)>,
+            globs: Vec<usize>,
+        }
+        let mut nodes = vec![Node::default()];
         for (glob, prefix) in prefixes.enumerate() {
             let mut node = 0;
             for &b in prefix {
-                node = match trie.child(node, b) {
-                    Some(next) => next,
-                    None => {
-                        let next = trie.nodes.len();
-                        trie.nodes.push(TrieNode::default());
-                        let children = &mut trie.nodes[node].children;
-                        let at = children.partition_point(|&(c, _)| c < b);
-                        children.insert(at, (b, next));
+                let children = &nodes[node].children;
+                node = match children.binary_search_by_key(&b, |&(c, _)| c) {
+                    Ok(i) => children[i].1,
+                    Err(at) => {
+                        let next = nodes.len();
+                        nodes[node].children.insert(at, (b, next));
+                        nodes.push(Node::default());
                         next
                     }
                 };
             }
-            trie.nodes[node].globs.push(glob);
+            nodes[node].globs.push(glob);
         }
-        trie
+        let edges: usize = nodes.iter().map(|n| n.children.len()).sum();
+        let globs: usize = nodes.iter().map(|n| n.globs.len()).sum();
+        let mut edge_start = Vec::with_capacity(nodes.len() + 1);
+        let mut edge_byte = Vec::with_capacity(edges);
+        let mut edge_child = Vec::with_capacity(edges);
+        let mut glob_start = Vec::with_capacity(nodes.len() + 1);
+        let mut flat_globs = Vec::with_capacity(globs);
+        for node in nodes {
+            edge_start.push(edge_byte.len());
+            glob_start.push(flat_globs.len());
+            for (b, child) in node.children {
+                edge_byte.push(b);
+                edge_child.push(child);
+            }
+            flat_globs.extend(node.globs);
+        }
+        edge_start.push(edge_byte.len());
+        glob_start.push(flat_globs.len());
+        PrefixTrie {
+            edge_start: edge_start.into(),
+            edge_byte: edge_byte.into(),
+            edge_child: edge_child.into(),
+            glob_start: glob_start.into(),
+            globs: flat_globs.into(),
+        }
     }
 
     fn child(&self, node: usize, b: u8) -> Option<usize> {
-        let children = &self.nodes[node].children;
-        children
-            .binary_search_by_key(&b, |&(c, _)| c)
-            .ok()
-            .map(|i| children[i].1)
+        let (from, to) = (self.edge_start[node], self.edge_start[node + 1]);
+        let i = self.edge_byte[from..to].binary_search(&b).ok()?;
+        Some(self.edge_child[from + i])
+    }
+
+    /// The globs whose literal prefix ends at `node`, in precedence order.
+    fn globs_at(&self, node: usize) -> &[usize] {
+        &self.globs[self.glob_start[node]..self.glob_start[node + 1]]
     }
 }
 
@@ -439,7 +469,7 @@ impl PolicyTable {
         }
         // Longer literal prefixes are more specific, so deeper nodes come first.
         path[..=depth].iter().rev().find_map(|&node| {
-            self.prefixes.nodes[node].globs.iter().find_map(|&g| {
+            self.prefixes.globs_at(node).iter().find_map(|&g| {
                 let (glob, entry) = &self.globs[g];
                 glob.matches_counting(queue, steps).then_some(*entry)
             })

@@ -83,30 +83,36 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 /// are compared in place, the suffix from its end; the literal runs between stars are
 /// found leftmost-first with Knuth–Morris–Pratt, which is exact for `*`-only globs. At
 /// most `|prefix| + |suffix| + 2·|name| + Σ|run|` byte steps, never a backtrack.
+///
+/// The parts are offsets into the pattern's own text: one allocation per glob, plus one
+/// for the runs of a pattern with a star in the middle (tables hold thousands of globs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Glob {
-    text: String,
+    text: Box<str>,
     /// `None` for an exact name.
-    parts: Option<Parts>,
+    stars: Option<Stars>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Parts {
-    prefix: Box<[u8]>,
-    suffix: Box<[u8]>,
-    runs: Vec<Run>,
+struct Stars {
+    /// `text[..prefix_end]` comes before the first `*`.
+    prefix_end: usize,
+    /// `text[suffix_start..]` comes after the last `*`.
+    suffix_start: usize,
+    runs: Box<[Run]>,
 }
 
-/// A literal run between two stars with its KMP failure table.
+/// A literal run between two stars, `text[start..start + failure.len()]`, with its KMP
+/// failure table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Run {
-    bytes: Box<[u8]>,
-    /// `failure[i]`: length of the longest proper border of `bytes[..=i]`.
+    start: usize,
+    /// `failure[i]`: length of the longest proper border of the run's first `i + 1` bytes.
     failure: Box<[usize]>,
 }
 
 impl Run {
-    fn new(bytes: &[u8]) -> Self {
+    fn new(bytes: &[u8], start: usize) -> Self {
         let mut failure = vec![0; bytes.len()];
         let mut k = 0;
         for i in 1..bytes.len() {
@@ -119,24 +125,25 @@ impl Run {
             failure[i] = k;
         }
         Self {
-            bytes: bytes.into(),
+            start,
             failure: failure.into(),
         }
     }
 
-    /// End of the leftmost occurrence in `text`. Each step either advances in `text` or
-    /// shrinks the partial match, so steps ≤ 2·|text|.
-    fn find_end(&self, text: &[u8], steps: &mut u64) -> Option<usize> {
+    /// End of the leftmost occurrence in `text` of this run of `pattern`. Each step either
+    /// advances in `text` or shrinks the partial match, so steps ≤ 2·|text|.
+    fn find_end(&self, pattern: &[u8], text: &[u8], steps: &mut u64) -> Option<usize> {
+        let bytes = &pattern[self.start..self.start + self.failure.len()];
         let mut k = 0;
         for (i, &b) in text.iter().enumerate() {
             *steps += 1;
-            while k > 0 && b != self.bytes[k] {
+            while k > 0 && b != bytes[k] {
                 *steps += 1;
                 k = self.failure[k - 1];
             }
-            if b == self.bytes[k] {
+            if b == bytes[k] {
                 k += 1;
-                if k == self.bytes.len() {
+                if k == bytes.len() {
                     return Some(i + 1);
                 }
             }
@@ -148,22 +155,27 @@ impl Run {
 impl Glob {
     pub fn new(pattern: &str) -> Self {
         let bytes = pattern.as_bytes();
-        let parts = pattern.find('*').map(|first| {
+        let stars = pattern.find('*').map(|first| {
             let last = pattern.rfind('*').unwrap_or(first);
-            let runs = bytes[first + 1..last.max(first + 1)]
-                .split(|&b| b == b'*')
-                .filter(|run| !run.is_empty())
-                .map(Run::new)
-                .collect();
-            Parts {
-                prefix: bytes[..first].into(),
-                suffix: bytes[last + 1..].into(),
-                runs,
+            let mut runs = Vec::new();
+            let mut start = first + 1;
+            for at in first + 1..=last {
+                if bytes[at] == b'*' {
+                    if at > start {
+                        runs.push(Run::new(&bytes[start..at], start));
+                    }
+                    start = at + 1;
+                }
+            }
+            Stars {
+                prefix_end: first,
+                suffix_start: last + 1,
+                runs: runs.into(),
             }
         });
         Self {
-            text: pattern.to_owned(),
-            parts,
+            text: pattern.into(),
+            stars,
         }
     }
 
@@ -173,9 +185,10 @@ impl Glob {
 
     /// The literal text before the first `*` (all of it for an exact name).
     pub fn literal_prefix(&self) -> &[u8] {
-        match &self.parts {
-            Some(parts) => &parts.prefix,
-            None => self.text.as_bytes(),
+        let bytes = self.text.as_bytes();
+        match &self.stars {
+            Some(stars) => &bytes[..stars.prefix_end],
+            None => bytes,
         }
     }
 
@@ -185,12 +198,12 @@ impl Glob {
 
     /// [`Glob::matches`], adding the byte steps taken to `steps` (for cost tests).
     pub fn matches_counting(&self, name: &str, steps: &mut u64) -> bool {
-        let name = name.as_bytes();
-        let Some(parts) = &self.parts else {
+        let (name, pattern) = (name.as_bytes(), self.text.as_bytes());
+        let Some(stars) = &self.stars else {
             *steps += 1;
-            return name == self.text.as_bytes();
+            return name == pattern;
         };
-        let (prefix, suffix) = (&parts.prefix[..], &parts.suffix[..]);
+        let (prefix, suffix) = (&pattern[..stars.prefix_end], &pattern[stars.suffix_start..]);
         if name.len() < prefix.len() + suffix.len() {
             *steps += 1;
             return false;
@@ -209,8 +222,8 @@ impl Glob {
             }
         }
         let mut rest = &name[prefix.len()..name.len() - suffix.len()];
-        for run in &parts.runs {
-            match run.find_end(rest, steps) {
+        for run in &stars.runs {
+            match run.find_end(pattern, rest, steps) {
                 Some(end) => rest = &rest[end..],
                 None => return false,
             }

@@ -344,3 +344,62 @@ fn retry_budgets_are_compiled_and_checked_on_read() {
         other => panic!("expected a policy error, got {other}"),
     }
 }
+
+mod lookup_oracle {
+    //! The table's lookup (exact names hashed, globs indexed by literal prefix) against a
+    //! scan of every pattern of the compiled document, on random documents.
+
+    use proptest::{prelude::*, test_runner::RngSeed};
+    use rebound_policy::{
+        PolicyTable, compile,
+        pattern::{Specificity, matches, normalize},
+    };
+
+    /// The policy a scan picks: an exact name (the first policy listing it), else the
+    /// most specific matching glob, the earlier policy on a tie.
+    fn scan(doc: &rebound_policy::CompiledDocument, queue: &str) -> Option<String> {
+        let listed = doc.policies.iter().enumerate().flat_map(|(i, p)| {
+            p.queues.iter().map(move |q| (q.as_str(), i, p.name.as_str()))
+        });
+        let exact = listed.clone().find(|(q, ..)| !q.contains('*') && *q == queue);
+        let best = exact.or_else(|| {
+            listed
+                .filter(|(q, ..)| q.contains('*') && matches(q, queue))
+                .min_by_key(|&(q, i, _)| (std::cmp::Reverse(Specificity::of(q)), i))
+        });
+        best.map(|(.., name)| name.to_owned())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            rng_seed: RngSeed::Fixed(0x10_0c_ab),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+        #[test]
+        fn lookup_agrees_with_a_scan_of_every_pattern(
+            policies in prop::collection::vec(
+                prop::collection::vec("[ab*][ab.*]{0,5}", 1..4), 1..10),
+            queues in prop::collection::vec("[ab.]{0,8}", 1..24),
+        ) {
+            let sources = policies
+                .iter()
+                .enumerate()
+                .map(|(i, queues)| {
+                    // Distinct after normalisation, as a valid policy's are.
+                    let queues: std::collections::BTreeSet<String> =
+                        queues.iter().map(|q| normalize(q).into_owned()).collect();
+                    let queues: Vec<&str> = queues.iter().map(String::as_str).collect();
+                    super::source(&format!("p{i}"), i as i64, &queues)
+                })
+                .collect();
+            let doc = compile("ns", sources).document;
+            let table = PolicyTable::new(&doc);
+            for queue in &queues {
+                let found = table.lookup(queue).map(|e| e.name.clone());
+                prop_assert_eq!(found, scan(&doc, queue), "queue {:?}", queue);
+            }
+        }
+    }
+}

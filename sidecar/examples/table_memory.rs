@@ -1,0 +1,87 @@
+//! The heap a policy table holds, counted by the allocator itself (no RSS noise): the
+//! generated table of `load` (`--policies`, default 10,000: a queue, a queue glob and, for
+//! half of them, two error classes each), the table as the sidecar builds it on a
+//! reload, and the part of it that is the prepared globs. A program that prints figures.
+//!
+//! cargo run --release -p rebound-sidecar --features testkit --example table_memory
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use anyhow::Result;
+use rebound_policy::{CompiledDocument, PolicyTable, pattern::Glob};
+use rebound_sidecar::testkit;
+
+/// The system allocator, counting the bytes it holds.
+struct Counting;
+
+static HELD: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        HELD.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn held() -> isize {
+    HELD.load(Ordering::Relaxed)
+}
+
+fn mib(bytes: isize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn main() -> Result<()> {
+    let policies = std::env::args()
+        .skip_while(|a| a != "--policies")
+        .nth(1)
+        .map(|n| n.parse())
+        .transpose()?
+        .unwrap_or(10_000);
+    let json = testkit::document("load", policies, 0).to_json();
+
+    let before = held();
+    let table = PolicyTable::from_document(CompiledDocument::from_json(json.as_bytes())?);
+    let table_bytes = held() - before;
+
+    let patterns: Vec<String> = CompiledDocument::from_json(json.as_bytes())?
+        .policies
+        .iter()
+        .flat_map(|p| p.queues.iter().chain(&p.params.non_retryable_errors))
+        .filter(|q| q.contains('*'))
+        .cloned()
+        .collect();
+    let before = held();
+    let globs: Vec<Glob> = patterns.iter().map(|p| Glob::new(p)).collect();
+    let glob_bytes = held() - before;
+
+    println!(
+        "{policies} policies, document {:.2} MiB: table {:.2} MiB ({:.0} B a policy); \
+         its {} globs prepared alone {:.2} MiB ({:.0} B a glob)",
+        mib(json.len() as isize),
+        mib(table_bytes),
+        table_bytes as f64 / policies.max(1) as f64,
+        globs.len(),
+        mib(glob_bytes),
+        glob_bytes as f64 / globs.len().max(1) as f64,
+    );
+    drop((table, globs));
+    Ok(())
+}

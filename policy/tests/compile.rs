@@ -359,9 +359,13 @@ mod lookup_oracle {
     /// most specific matching glob, the earlier policy on a tie.
     fn scan(doc: &rebound_policy::CompiledDocument, queue: &str) -> Option<String> {
         let listed = doc.policies.iter().enumerate().flat_map(|(i, p)| {
-            p.queues.iter().map(move |q| (q.as_str(), i, p.name.as_str()))
+            p.queues
+                .iter()
+                .map(move |q| (q.as_str(), i, p.name.as_str()))
         });
-        let exact = listed.clone().find(|(q, ..)| !q.contains('*') && *q == queue);
+        let exact = listed
+            .clone()
+            .find(|(q, ..)| !q.contains('*') && *q == queue);
         let best = exact.or_else(|| {
             listed
                 .filter(|(q, ..)| q.contains('*') && matches(q, queue))

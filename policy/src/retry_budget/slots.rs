@@ -188,13 +188,12 @@ impl Slots {
     /// At the run cap: merges the runs separated by the smallest gaps until a quarter of
     /// the cap is free, counting those gaps as full (conservative: it can only slow
     /// retries down, by at most the merged gaps, the shortest there were). Runs once per
-    /// quarter of the cap new runs, so its O(n log n) is O(log n) per booking. False when
-    /// nothing can be merged.
-    fn compact(&mut self) -> bool {
+    /// quarter of the cap new runs, so its O(n log n) is O(log n) per booking.
+    fn compact(&mut self) {
         debug_assert!(self.check().is_ok(), "{:?}", self.check());
         let target = (self.max_runs - self.max_runs / 4).min(self.max_runs - 1);
         if target == 0 || self.runs.len() < 2 {
-            return false;
+            return;
         }
         let runs: Vec<(u64, Run)> = self.runs.iter().map(|(s, r)| (*s, *r)).collect();
         let merges = runs.len() - target;
@@ -226,7 +225,6 @@ impl Slots {
             }
         }
         self.runs.insert(current.0, current.1);
-        self.runs.len() < self.max_runs
     }
 
     fn set(&mut self, start: u64, end: u64, fill: u32) {

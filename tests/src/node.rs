@@ -339,3 +339,41 @@ fn command_lines(program: &str, args: &[&str]) -> Result<Vec<String>> {
         .map(str::to_string)
         .collect())
 }
+
+/// The charts on the node, as a platform team installs them.
+impl Node {
+    /// `helm args` against this node; its standard output.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec![
+            "--kubeconfig".to_owned(),
+            self.kubeconfig().display().to_string(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        Ok(crate::helm::Helm::get()?.run(&all)?.ok()?.stdout)
+    }
+
+    /// Installs or upgrades both charts: `rebound-crds`, taking over the CRD the harness
+    /// applied (as after a manual apply in a real cluster), then `rebound` in `namespace`
+    /// with the images loaded on the node, waiting until its Pods are ready.
+    pub fn install_charts(&self, namespace: &str) -> Result<()> {
+        let crds = crate::helm::chart_dir("rebound-crds").display().to_string();
+        let chart = crate::helm::chart_dir("rebound").display().to_string();
+        let take_over = ["upgrade", "--install", "rebound-crds", &crds];
+        self.helm(&[&take_over[..], &["--take-ownership", "--wait"]].concat())?;
+        self.helm(&[
+            "upgrade",
+            "--install",
+            "rebound",
+            &chart,
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--set",
+            "image.pullPolicy=Never",
+            "--wait",
+            "--timeout",
+            "180s",
+        ])?;
+        Ok(())
+    }
+}

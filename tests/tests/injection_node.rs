@@ -47,7 +47,8 @@ fn one_annotation_makes_a_worker_a_rebound_worker() -> Result<()> {
 }
 
 fn run_steps(node: &Node) -> Result<()> {
-    install_charts(node).context("step: helm install of both charts")?;
+    node.install_charts(OPERATOR_NS)
+        .context("step: helm install of both charts")?;
     install_page_injection(node).context("step: docs/install.md, section 4")?;
     let ns = node.restricted_namespace("inject-node")?;
     let policy = repo_root().join("examples/policies/webhooks.yaml");
@@ -371,19 +372,16 @@ fn check_names_pods_until_rolled(node: &Node, ns: &str) -> Result<()> {
 /// and the next Pod created gets the new image (a server-side dry-run: no Pod runs it).
 fn upgrade_changes_new_pods(node: &Node, ns: &str) -> Result<()> {
     let chart = chart_dir("rebound").display().to_string();
-    helm(
-        node,
-        &[
-            "upgrade",
-            "rebound",
-            &chart,
-            "--namespace",
-            OPERATOR_NS,
-            "--reuse-values",
-            "--set",
-            &format!("injection.image.tag={NEW_TAG}"),
-        ],
-    )?;
+    node.helm(&[
+        "upgrade",
+        "rebound",
+        &chart,
+        "--namespace",
+        OPERATOR_NS,
+        "--reuse-values",
+        "--set",
+        &format!("injection.image.tag={NEW_TAG}"),
+    ])?;
     let wanted = NEW_SIDECAR_IMAGE;
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -419,49 +417,6 @@ fn upgrade_changes_new_pods(node: &Node, ns: &str) -> Result<()> {
         "the annotation does not name the new image"
     );
     println!("helm upgrade: new Pods get {wanted}");
-    Ok(())
-}
-
-fn helm(node: &Node, args: &[&str]) -> Result<String> {
-    let mut all = vec![
-        "--kubeconfig".to_string(),
-        node.kubeconfig().display().to_string(),
-    ];
-    all.extend(args.iter().map(|a| a.to_string()));
-    Ok(Helm::get()?.run(&all)?.ok()?.stdout)
-}
-
-fn install_charts(node: &Node) -> Result<()> {
-    let crds = chart_dir("rebound-crds").display().to_string();
-    let chart = chart_dir("rebound").display().to_string();
-    helm(
-        node,
-        &[
-            "upgrade",
-            "--install",
-            "rebound-crds",
-            &crds,
-            "--take-ownership",
-            "--wait",
-        ],
-    )?;
-    helm(
-        node,
-        &[
-            "upgrade",
-            "--install",
-            "rebound",
-            &chart,
-            "--namespace",
-            OPERATOR_NS,
-            "--create-namespace",
-            "--set",
-            "image.pullPolicy=Never",
-            "--wait",
-            "--timeout",
-            "180s",
-        ],
-    )?;
     Ok(())
 }
 

@@ -71,7 +71,8 @@ fn alerts_fire_on_real_failures_and_resolve_after_the_fix() -> Result<()> {
 }
 
 fn run_steps(node: &Node) -> Result<()> {
-    install_chart(node).context("step: helm install of both charts")?;
+    node.install_charts(OPERATOR_NS)
+        .context("step: helm install of both charts")?;
     let scenarios = Scenarios::start(node).context("step: the scenarios' workers")?;
     // Declared before the server: dropped after it.
     let tmp = tempfile::tempdir()?;
@@ -97,49 +98,6 @@ fn run_steps(node: &Node) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------
 // The chart and Prometheus
-
-fn helm(node: &Node, args: &[&str]) -> Result<String> {
-    let mut all = vec![
-        "--kubeconfig".to_string(),
-        node.kubeconfig().display().to_string(),
-    ];
-    all.extend(args.iter().map(|a| a.to_string()));
-    Ok(Helm::get()?.run(&all)?.ok()?.stdout)
-}
-
-fn install_chart(node: &Node) -> Result<()> {
-    let crds = chart_dir("rebound-crds").display().to_string();
-    let chart = chart_dir("rebound").display().to_string();
-    helm(
-        node,
-        &[
-            "upgrade",
-            "--install",
-            "rebound-crds",
-            &crds,
-            "--take-ownership",
-            "--wait",
-        ],
-    )?;
-    helm(
-        node,
-        &[
-            "upgrade",
-            "--install",
-            "rebound",
-            &chart,
-            "--namespace",
-            OPERATOR_NS,
-            "--create-namespace",
-            "--set",
-            "image.pullPolicy=Never",
-            "--wait",
-            "--timeout",
-            "180s",
-        ],
-    )?;
-    Ok(())
-}
 
 /// Writes the Prometheus config (and the rules' copy) into `dir`: the scrape configs of
 /// the chart's rendered PodMonitors and ServiceMonitor, and of the workers' own PodMonitor

@@ -136,49 +136,9 @@ fn install_page_runs_on_the_node(node: &Node) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // 1. Charts
 
-fn helm(node: &Node, args: &[&str]) -> Result<String> {
-    let mut all = vec![
-        "--kubeconfig".to_string(),
-        node.kubeconfig().display().to_string(),
-    ];
-    all.extend(args.iter().map(|a| a.to_string()));
-    Ok(Helm::get()?.run(&all)?.ok()?.stdout)
-}
-
 fn install_charts(node: &Node) -> Result<()> {
-    let crds = chart_dir("rebound-crds").display().to_string();
-    let chart = chart_dir("rebound").display().to_string();
-    // The harness applied crds/ already; the chart takes the CRD over, as after a manual
-    // apply in a real cluster.
-    helm(
-        node,
-        &[
-            "upgrade",
-            "--install",
-            "rebound-crds",
-            &crds,
-            "--take-ownership",
-            "--wait",
-        ],
-    )?;
     let started = Instant::now();
-    helm(
-        node,
-        &[
-            "upgrade",
-            "--install",
-            "rebound",
-            &chart,
-            "--namespace",
-            OPERATOR_NS,
-            "--create-namespace",
-            "--set",
-            "image.pullPolicy=Never",
-            "--wait",
-            "--timeout",
-            "180s",
-        ],
-    )?;
+    node.install_charts(OPERATOR_NS)?;
     let deployment = node.get_json(["deployment", "-n", OPERATOR_NS, "rebound-operator"])?;
     let ready = deployment["status"]["readyReplicas"].as_i64().unwrap_or(0);
     ensure!(
@@ -187,7 +147,7 @@ fn install_charts(node: &Node) -> Result<()> {
         deployment["status"]
     );
     eprintln!(
-        "node: operator 2/2 Ready {:.1}s after helm install",
+        "node: operator 2/2 Ready {:.1}s after helm install (both charts)",
         started.elapsed().as_secs_f64()
     );
     // The Lease may still name a Pod of the page's release, uninstalled with its RBAC
@@ -769,23 +729,20 @@ fn node_restarts_keep_containers(node: &Node, worker: &Worker) -> Result<()> {
 fn upgrade_and_uninstall_keep_policies(node: &Node, worker: &Worker) -> Result<()> {
     let chart = chart_dir("rebound").display().to_string();
     let before = node.get_json(["deployment", "-n", OPERATOR_NS, "rebound-operator"])?;
-    helm(
-        node,
-        &[
-            "upgrade",
-            "rebound",
-            &chart,
-            "--namespace",
-            OPERATOR_NS,
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
-            "logLevel=debug",
-            "--wait",
-            "--timeout",
-            "180s",
-        ],
-    )?;
+    node.helm(&[
+        "upgrade",
+        "rebound",
+        &chart,
+        "--namespace",
+        OPERATOR_NS,
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "180s",
+    ])?;
     let after = node.get_json(["deployment", "-n", OPERATOR_NS, "rebound-operator"])?;
     ensure!(
         after["metadata"]["generation"].as_i64() > before["metadata"]["generation"].as_i64(),
@@ -797,11 +754,8 @@ fn upgrade_and_uninstall_keep_policies(node: &Node, worker: &Worker) -> Result<(
         "{}",
         after["status"]
     );
-    helm(
-        node,
-        &["uninstall", "rebound", "--namespace", OPERATOR_NS, "--wait"],
-    )?;
-    helm(node, &["uninstall", "rebound-crds", "--wait"])?;
+    node.helm(&["uninstall", "rebound", "--namespace", OPERATOR_NS, "--wait"])?;
+    node.helm(&["uninstall", "rebound-crds", "--wait"])?;
     node.get_json(["crd", "retrypolicies.rebound.dev"])
         .context("the CRD is gone")?;
     node.get_json(["retrypolicy", "-n", &worker.namespace, "webhooks"])

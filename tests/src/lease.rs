@@ -59,9 +59,22 @@ pub async fn create_pod(
     name: &str,
     service_account: &str,
 ) -> Result<Pod> {
+    create_labelled_pod(client, namespace, name, service_account, &[]).await
+}
+
+/// [`create_pod`] with `labels` (`rebound.dev/injected` for a Pod as injection leaves it).
+pub async fn create_labelled_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    service_account: &str,
+    labels: &[(&str, &str)],
+) -> Result<Pod> {
+    let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string()));
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
+            labels: Some(labels.collect()),
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -154,4 +167,26 @@ pub fn apply_sidecar_rbac(env: &TestEnv) -> Result<()> {
     env.kubectl_stdin(["apply", "--server-side", "-f", "-"], &list.to_string())?
         .ok()?;
     Ok(())
+}
+
+/// The API's refusal of a request as (HTTP code, Status reason); `None` when it succeeded.
+pub fn refusal<T>(result: kube::Result<T>) -> Result<Option<(u16, String)>> {
+    match result {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(status)) => Ok(Some((status.code, status.reason.clone()))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`refusal`] of a request RBAC does not allow.
+pub fn forbidden() -> Option<(u16, String)> {
+    Some((403, "Forbidden".to_owned()))
+}
+
+/// A create the API server checks (admission included) but does not store.
+pub fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
 }

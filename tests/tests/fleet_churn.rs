@@ -113,8 +113,7 @@ async fn a_thousand_churned_pod_names_leave_leases_and_evaluation_bounded() -> R
     let c = &mut sidecar.connect().await?;
     wait_for(c, Duration::from_secs(30), |s| s.members == 1).await?;
     let api: Api<Lease> = Api::namespaced(env.client.clone(), ns);
-    let seen = r#"rebound_sidecar_fleet_leases{state="seen"}"#;
-    let live = r#"rebound_sidecar_fleet_leases{state="live"}"#;
+    let counted = |state| sidecar.metric_with("rebound_sidecar_fleet_leases", &[("state", state)]);
     let (mut most_seen, mut most_live) = (0.0_f64, 0.0_f64);
     let start = Instant::now();
     for batch in 0..PODS / AT_ONCE {
@@ -143,16 +142,16 @@ async fn a_thousand_churned_pod_names_leave_leases_and_evaluation_bounded() -> R
         while let Some(done) = deletes.join_next().await {
             done??;
         }
-        most_seen = most_seen.max(sidecar.metric(seen)?);
-        most_live = most_live.max(sidecar.metric(live)?);
+        most_seen = most_seen.max(counted("seen")?);
+        most_live = most_live.max(counted("live")?);
     }
     let churned = start.elapsed();
     // The watch catches up with the last deletes.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while sidecar.metric(seen)? > 1.0 && Instant::now() < deadline {
+    while counted("seen")? > 1.0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (end_seen, end_live) = (sidecar.metric(seen)?, sidecar.metric(live)?);
+    let (end_seen, end_live) = (counted("seen")?, counted("live")?);
     let leases = sidecar_leases(&env.client, ns).await?.len();
     eprintln!(
         "{PODS} Pod names churned in {churned:?}: at most {most_seen} Leases remembered, \

@@ -11,7 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use rebound_tests::lease::{
-    PREFIX, apply_sidecar_rbac, client_with_token, create_pod, sidecar_lease, token,
+    PREFIX, apply_sidecar_rbac, client_with_token, create_pod, dry_run, forbidden, refusal,
+    sidecar_lease, token,
 };
 use rebound_tests::{TestEnv, unique_name};
 use serde_json::json;
@@ -19,26 +20,6 @@ use serde_json::json;
 const SA: &str = "rebound-worker";
 const CM: &str = "rebound-policies";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The API's refusal as (HTTP code, Status reason), `None` when the request succeeded.
-fn refusal<T>(result: kube::Result<T>) -> Result<Option<(u16, String)>> {
-    match result {
-        Ok(_) => Ok(None),
-        Err(kube::Error::Api(status)) => Ok(Some((status.code, status.reason.clone()))),
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn forbidden() -> Option<(u16, String)> {
-    Some((403, "Forbidden".to_owned()))
-}
-
-fn dry() -> PostParams {
-    PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    }
-}
 
 fn renewal() -> Patch<serde_json::Value> {
     Patch::Merge(json!({"spec": {"renewTime": MicroTime(Timestamp::now())}}))
@@ -75,8 +56,8 @@ async fn a_sidecar_may_write_only_its_own_lease() -> Result<()> {
     // Until the API server has loaded the RBAC and the policy: own allowed, other refused.
     let deadline = Instant::now() + WAIT;
     loop {
-        let own = refusal(as_a.create(&dry(), &lease(&a)).await)?;
-        let other = refusal(as_a.create(&dry(), &lease(&b)).await)?;
+        let own = refusal(as_a.create(&dry_run(), &lease(&a)).await)?;
+        let other = refusal(as_a.create(&dry_run(), &lease(&b)).await)?;
         if own.is_none() && other == forbidden() {
             break;
         }
@@ -129,10 +110,10 @@ async fn a_sidecar_may_write_only_its_own_lease() -> Result<()> {
     // ServiceAccount bound to no Pod has no pod name: refused even its "own" Lease.
     let mut extra = lease(&a);
     extra.metadata.name = Some(format!("{PREFIX}{a}-2"));
-    ensure!(refusal(as_a.create(&dry(), &extra).await)? == forbidden());
+    ensure!(refusal(as_a.create(&dry_run(), &extra).await)? == forbidden());
     let mut disguised = lease(&a);
     disguised.metadata.name = Some("worker-lock".to_owned());
-    ensure!(refusal(as_a.create(&dry(), &disguised).await)? == forbidden());
+    ensure!(refusal(as_a.create(&dry_run(), &disguised).await)? == forbidden());
     let unbound: Api<Lease> = Api::namespaced(
         client_with_token(env.cluster, &token(&env.client, ns, SA, None).await?).await?,
         ns,
@@ -234,7 +215,10 @@ async fn sidecar_leases_out_of_range_or_owned_by_another_pod_are_refused() -> Re
     let deadline = Instant::now() + WAIT;
     while refusal(
         apis[0]
-            .create(&dry(), &lease(&a, &own, None, spec(now.clone(), 15, &a))?)
+            .create(
+                &dry_run(),
+                &lease(&a, &own, None, spec(now.clone(), 15, &a))?,
+            )
             .await,
     )?
     .is_some()
@@ -259,11 +243,22 @@ async fn sidecar_leases_out_of_range_or_owned_by_another_pod_are_refused() -> Re
         ),
         ("another holder", spec(now.clone(), 15, "someone-else")),
     ] {
-        let got = refusal(apis[0].create(&dry(), &lease(&a, &own, None, body)?).await)?;
+        let got = refusal(
+            apis[0]
+                .create(&dry_run(), &lease(&a, &own, None, body)?)
+                .await,
+        )?;
         ensure!(got == invalid, "{what}: {got:?}");
     }
     let ahead = spec(serde_json::to_value(at(1800))?, 15, &a);
-    ensure!(refusal(apis[0].create(&dry(), &lease(&a, &own, None, ahead)?).await)?.is_none());
+    ensure!(
+        refusal(
+            apis[0]
+                .create(&dry_run(), &lease(&a, &own, None, ahead)?)
+                .await
+        )?
+        .is_none()
+    );
 
     // Long names: the hashed Lease owned by its Pod; not by another Pod's token, nor
     // claimed by one with its own UID.
@@ -277,7 +272,7 @@ async fn sidecar_leases_out_of_range_or_owned_by_another_pod_are_refused() -> Re
         refusal(
             apis[1]
                 .create(
-                    &dry(),
+                    &dry_run(),
                     &lease(&l1, &name1, None, spec(now.clone(), 15, &l1))?
                 )
                 .await

@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use rebound_test_support::{free_port, workspace_binary};
-use rebound_tests::lease::{client_with_token, sidecar_lease, token};
+use rebound_tests::lease::{
+    client_with_token, create_labelled_pod, dry_run, forbidden, refusal, sidecar_lease, token,
+};
 use rebound_tests::process::Running;
 use rebound_tests::{TestEnv, repo_root, unique_name};
 use serde_json::Value;
@@ -25,26 +27,8 @@ const OPERATOR_SA: &str = "rebound-operator";
 const ROLE: &str = "rebound-sidecar";
 const CM: &str = "rebound-policies";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The API's refusal as (HTTP code, Status reason), `None` when the request succeeded.
-fn refusal<T>(result: kube::Result<T>) -> Result<Option<(u16, String)>> {
-    match result {
-        Ok(_) => Ok(None),
-        Err(kube::Error::Api(status)) => Ok(Some((status.code, status.reason.clone()))),
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn forbidden() -> Option<(u16, String)> {
-    Some((403, "Forbidden".to_owned()))
-}
-
-fn dry() -> PostParams {
-    PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    }
-}
+/// The label injection leaves on a Pod.
+const INJECTED: &[(&str, &str)] = &[("rebound.dev/injected", "true")];
 
 /// The shared cluster's kubeconfig with its user replaced by the bearer `token`.
 fn token_kubeconfig(env: &TestEnv, token: &str) -> Result<PathBuf> {
@@ -79,31 +63,6 @@ fn spawn_operator(kubeconfig: &PathBuf, own: &str, namespaces: &[&str]) -> Resul
         .spawn()
         .with_context(|| format!("starting rebound-operator (log {})", log.display()))?;
     Ok(Running(child))
-}
-
-/// A Pod object as the admission policy leaves an injected one: labelled, never run.
-async fn injected_pod(client: &kube::Client, ns: &str, name: &str, sa: &str) -> Result<Pod> {
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some([("rebound.dev/injected".to_owned(), "true".to_owned())].into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            service_account_name: Some(sa.to_owned()),
-            automount_service_account_token: Some(false),
-            containers: vec![Container {
-                name: "worker".to_owned(),
-                image: Some("example/worker:1.0".to_owned()),
-                ..Container::default()
-            }],
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
-    };
-    Ok(Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await?)
 }
 
 fn configmap(name: &str) -> ConfigMap {
@@ -196,7 +155,7 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     // In the operator's own namespace, there before it starts (so in its first list, ahead
     // of every event below): never bound.
     let (a, b) = (unique_name("worker-a"), unique_name("worker-b"));
-    injected_pod(client, &own, &a, "worker").await?;
+    create_labelled_pod(client, &own, &a, "worker", INJECTED).await?;
 
     // The operator as its ServiceAccount: what deploy/rbac.yaml grants, nothing more.
     let operator_token = token(client, OPERATOR_NS, OPERATOR_SA, None).await?;
@@ -217,8 +176,8 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     Api::<ServiceAccount>::namespaced(client.clone(), &with_pod)
         .create(&PostParams::default(), &sa)
         .await?;
-    let pod_a = injected_pod(client, &with_pod, &a, "worker").await?;
-    injected_pod(client, &with_pod, &b, "worker").await?;
+    let pod_a = create_labelled_pod(client, &with_pod, &a, "worker", INJECTED).await?;
+    create_labelled_pod(client, &with_pod, &b, "worker", INJECTED).await?;
     let policy = "apiVersion: rebound.dev/v1alpha1\nkind: RetryPolicy\nmetadata: {name: orders}\nspec:\n  queues: [orders]\n  backoff: {strategy: constant, base: 1s, jitter: {kind: none}}\n  maxAttempts: 5\n";
     env.cluster
         .kubectl_stdin(["-n", &with_policy, "apply", "-f", "-"], policy)?
@@ -250,8 +209,8 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     // Until the API server has loaded the RBAC and the policies: own Lease allowed, other refused.
     let deadline = Instant::now() + WAIT;
     loop {
-        let own = refusal(leases.create(&dry(), &lease(&a)).await)?;
-        let other = refusal(leases.create(&dry(), &lease(&b)).await)?;
+        let own = refusal(leases.create(&dry_run(), &lease(&a)).await)?;
+        let other = refusal(leases.create(&dry_run(), &lease(&b)).await)?;
         if own.is_none() && other == forbidden() {
             break;
         }
@@ -265,7 +224,7 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     let elsewhere: Api<ConfigMap> = Api::namespaced(as_pod.clone(), &with_policy);
     ensure!(refusal(elsewhere.get(CM).await)? == forbidden());
     let leases_elsewhere: Api<Lease> = Api::namespaced(as_pod.clone(), &with_policy);
-    ensure!(refusal(leases_elsewhere.create(&dry(), &lease(&a)).await)? == forbidden());
+    ensure!(refusal(leases_elsewhere.create(&dry_run(), &lease(&a)).await)? == forbidden());
     leases
         .create(&PostParams::default(), &lease(&a))
         .await
@@ -297,7 +256,7 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     ];
     // Until the API server has loaded the policy of deploy/rbac.yaml.
     let deadline = Instant::now() + WAIT;
-    while refusal(bindings.create(&dry(), &attempts[2].1).await)? != forbidden() {
+    while refusal(bindings.create(&dry_run(), &attempts[2].1).await)? != forbidden() {
         if Instant::now() > deadline {
             bail!("the RoleBinding admission policy never took effect");
         }
@@ -305,7 +264,7 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     }
     for (what, attempt) in &attempts {
         ensure!(
-            refusal(bindings.create(&dry(), attempt).await)? == forbidden(),
+            refusal(bindings.create(&dry_run(), attempt).await)? == forbidden(),
             "the operator's ServiceAccount bound {what}"
         );
     }
@@ -324,12 +283,12 @@ async fn the_operator_binds_the_sidecar_role_where_sidecars_live() -> Result<()>
     ensure!(
         refusal(
             Api::<ClusterRoleBinding>::all(as_operator.clone())
-                .create(&dry(), &cluster_wide)
+                .create(&dry_run(), &cluster_wide)
                 .await
         )? == forbidden()
     );
     // The one it keeps is allowed (the control for the refusals above).
     let allowed = role_binding(ROLE, ROLE, own_group);
-    ensure!(refusal(bindings.create(&dry(), &allowed).await)?.is_none());
+    ensure!(refusal(bindings.create(&dry_run(), &allowed).await)?.is_none());
     Ok(())
 }

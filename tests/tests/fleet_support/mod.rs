@@ -112,6 +112,13 @@ impl Sidecar {
         rebound_test_support::metrics::scrape_value(self.admin, name)
     }
 
+    /// The sample `name` with exactly `labels` of the admin port's metrics.
+    pub fn metric_with(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        rebound_test_support::metrics::scrape(self.admin)?
+            .value(name, labels)
+            .with_context(|| format!("no sample {name} {labels:?}"))
+    }
+
     /// SIGTERM, as the kubelet stops a Pod; the sidecar must exit cleanly.
     pub fn stop(&mut self) -> Result<()> {
         let pid = self.child.id().to_string();

@@ -11,7 +11,7 @@
 //! | failure | alert | after the fix |
 //! |---|---|---|
 //! | the worker's sidecar process stopped (SIGSTOP) | ReboundWorkersOnFallback | sidecar continued: resolved |
-//! | a policy dead-lettering every job's second failure, its retry budget at 1/s under 10 retries/s | ReboundDeadLetterRateHigh, ReboundRetriesStretchedByBudget | not fixed: still firing (their 1 h and 10 min windows outlast a test) |
+//! | a policy dead-lettering every job's second failure, its retry budget at 1/s under 5 retries/s (10 decisions/s) | ReboundDeadLetterRateHigh, ReboundRetriesStretchedByBudget | not fixed: still firing (their 1 h and 10 min windows outlast a test) |
 //! | the sidecar's ConfigMap replaced by one it refuses while the operator compiles a new hash | ReboundSidecarConfigStale, ReboundSidecarConfigReloadFailing | the operator's document copied in: resolved |
 //! | a RetryPolicy losing its queue to an older one | ReboundPolicyNotReady | its queue renamed: resolved |
 //!

@@ -5,6 +5,7 @@
 
 pub mod metrics;
 
+use std::hash::BuildHasher;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -15,8 +16,29 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 /// How often [`eventually`] and [`eventually_blocking`] ask again.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 
-/// A loopback address with a port the OS just handed out (free until someone binds it).
+/// A loopback address with a port free now, for a process the test starts next (free until
+/// someone binds it: a server that can bind port 0 and report it is safer still).
+///
+/// Drawn above the kernel's ephemeral range when there is room: every outgoing connection
+/// on the machine (an API server opening dozens to etcd as it starts, for one) takes its
+/// local port from that range, and could take a port the OS had just handed out here.
 pub fn free_port() -> std::io::Result<SocketAddr> {
+    let above_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().nth(1)?.parse::<u16>().ok())
+        .filter(|&high| high <= 65_535 - 1_000);
+    if let Some(high) = above_ephemeral {
+        let span = 65_535 - u64::from(high);
+        // std's randomly keyed hasher: concurrent test processes draw apart.
+        let random = std::collections::hash_map::RandomState::new();
+        for attempt in 0..64_u32 {
+            let port = u64::from(high) + 1 + random.hash_one(attempt) % span;
+            let port = u16::try_from(port).unwrap_or(u16::MAX);
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                return listener.local_addr();
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
@@ -152,6 +174,20 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_lie_above_the_ephemeral_range_and_are_free() -> Result<()> {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
+        let high: u16 = range.split_whitespace().nth(1).context("range")?.parse()?;
+        for _ in 0..20 {
+            let addr = free_port()?;
+            if high <= 65_535 - 1_000 {
+                ensure!(addr.port() > high, "{addr} in the ephemeral range up to {high}");
+            }
+            TcpListener::bind(addr)?;
+        }
+        Ok(())
+    }
 
     #[test]
     fn a_response_is_split_into_status_headers_and_body() -> Result<()> {

@@ -149,7 +149,7 @@ async fn status_is_not_ready_while_the_configmap_is_missing() -> Result<()> {
     env.kubectl_stdin(["apply", "-f", "-"], &rbac(ns, &user))?
         .ok()?;
     let kubeconfig = env.cluster.mint_user_kubeconfig(&user, &[])?;
-    let _op = Operator::start(
+    let op = Operator::start(
         &kubeconfig,
         scoped(ns, &[NO_RESYNC, "--leader-elect=false"]),
     )?;
@@ -165,9 +165,19 @@ async fn status_is_not_ready_while_the_configmap_is_missing() -> Result<()> {
     ensure!(ready_condition(&status.conditions).is_some_and(|c| c.status == "False"));
     ensure!(condition(&status.conditions, "Reconciling").is_some_and(|c| c.status == "True"));
 
-    // Allowed again: the retry recreates it and the policy is Ready again.
+    // Allowed again: the next retry recreates it and the policy is Ready again. Nothing
+    // the operator watches changes, so that retry comes when its backoff says (doubling,
+    // full jitter): wait for the longest one it logged, once a retry under way has failed.
     env.kubectl_stdin(["apply", "-f", "-"], &create_rbac(ns, &user))?
         .ok()?;
-    converged(client, ns, WAIT).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let next_retry = op
+        .logs()?
+        .iter()
+        .filter(|r| field(r, "message") == Some("reconcile failed"))
+        .filter_map(|r| r.get("retry_in_ms")?.as_u64())
+        .max()
+        .unwrap_or(0);
+    converged(client, ns, WAIT + Duration::from_millis(next_retry)).await?;
     Ok(())
 }

@@ -182,7 +182,10 @@ mod tests {
         for _ in 0..20 {
             let addr = free_port()?;
             if high <= 65_535 - 1_000 {
-                ensure!(addr.port() > high, "{addr} in the ephemeral range up to {high}");
+                ensure!(
+                    addr.port() > high,
+                    "{addr} in the ephemeral range up to {high}"
+                );
             }
             TcpListener::bind(addr)?;
         }

@@ -377,3 +377,32 @@ impl Node {
         Ok(())
     }
 }
+
+/// Runs `steps` on a node of its own (`.state/node`, or `REBOUND_NODE_STATE_DIR`: one per
+/// machine), stops it whatever they return, and fails if the node left a process, mount or
+/// network device on the host. Prints how long each phase took.
+pub fn on_a_node(test: &str, steps: impl FnOnce(&Node) -> Result<()>) -> Result<()> {
+    let state = repo_root()
+        .join(std::env::var("REBOUND_NODE_STATE_DIR").unwrap_or_else(|_| ".state/node".to_owned()));
+    let before = HostSnapshot::take(&state)?;
+    let started = Instant::now();
+    let node = Node::start(&state).context("starting the node")?;
+    let up = started.elapsed();
+    let ran = steps(&node);
+    let stepped = started.elapsed() - up;
+    let stopped = node.stop().context("dev/cluster-down.sh");
+    ran?;
+    stopped?;
+    eprintln!(
+        "{test}: node up (images included) {:.0}s, steps {:.0}s, down {:.0}s",
+        up.as_secs_f64(),
+        stepped.as_secs_f64(),
+        (started.elapsed() - up - stepped).as_secs_f64()
+    );
+    let left = HostSnapshot::take(&state)?.left_over(&before);
+    anyhow::ensure!(
+        left.is_empty(),
+        "the node left these on the host: {left:#?}"
+    );
+    Ok(())
+}

@@ -17,7 +17,7 @@ use std::process::Command;
 use rebound_test_support::workspace_binary;
 use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::{Helm, chart_dir};
-use rebound_tests::node::{HostSnapshot, Node, WORKER_IMAGE, wait_for};
+use rebound_tests::node::{Node, WORKER_IMAGE, on_a_node, wait_for};
 use rebound_tests::repo_root;
 use serde_json::{Value, json};
 
@@ -29,21 +29,7 @@ const NEW_SIDECAR_IMAGE: &str = "ghcr.io/rebound-dev/rebound-sidecar:0.1.1-next"
 
 #[test]
 fn one_annotation_makes_a_worker_a_rebound_worker() -> Result<()> {
-    let state = repo_root().join(
-        std::env::var("REBOUND_NODE_STATE_DIR").unwrap_or_else(|_| ".state/node".to_string()),
-    );
-    let before = HostSnapshot::take(&state)?;
-    let node = Node::start(&state).context("starting the node")?;
-    let steps = run_steps(&node);
-    let stopped = node.stop().context("dev/cluster-down.sh");
-    steps?;
-    stopped?;
-    let left = HostSnapshot::take(&state)?.left_over(&before);
-    ensure!(
-        left.is_empty(),
-        "the node left these on the host: {left:#?}"
-    );
-    Ok(())
+    on_a_node("injection_node", run_steps)
 }
 
 fn run_steps(node: &Node) -> Result<()> {

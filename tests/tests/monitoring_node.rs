@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use rebound_tests::helm::{Helm, chart_dir, manifests};
-use rebound_tests::node::{HostSnapshot, Node, wait_for};
+use rebound_tests::node::{Node, on_a_node, wait_for};
 use rebound_tests::prometheus::{Server, dashboard_queries};
 use rebound_tests::scrape::{ApiServer, scrape_configs};
 use rebound_tests::{json_contains, repo_root, yaml_documents};
@@ -44,30 +44,7 @@ const WORKER_METRICS_PORT: u16 = 9091;
 
 #[test]
 fn alerts_fire_on_real_failures_and_resolve_after_the_fix() -> Result<()> {
-    let state = repo_root().join(
-        std::env::var("REBOUND_NODE_STATE_DIR").unwrap_or_else(|_| ".state/node".to_string()),
-    );
-    let before = HostSnapshot::take(&state)?;
-    let started = Instant::now();
-    let node = Node::start(&state).context("starting the node")?;
-    let up = started.elapsed();
-    let steps = run_steps(&node);
-    let ran = started.elapsed() - up;
-    let stopped = node.stop().context("dev/cluster-down.sh");
-    steps?;
-    stopped?;
-    eprintln!(
-        "monitoring_node: node up (images included) {:.0}s, steps {:.0}s, down {:.0}s",
-        up.as_secs_f64(),
-        ran.as_secs_f64(),
-        (started.elapsed() - up - ran).as_secs_f64()
-    );
-    let left = HostSnapshot::take(&state)?.left_over(&before);
-    ensure!(
-        left.is_empty(),
-        "the node left these on the host: {left:#?}"
-    );
-    Ok(())
+    on_a_node("monitoring_node", run_steps)
 }
 
 fn run_steps(node: &Node) -> Result<()> {

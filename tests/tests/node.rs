@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use rebound_tests::doc::{run_shell, shell_blocks, shell_env};
 use rebound_tests::helm::{Helm, chart_dir};
-use rebound_tests::node::{HostSnapshot, NODE_IP, Node, WORKER_IMAGE, json_lines, wait_for};
+use rebound_tests::node::{NODE_IP, Node, WORKER_IMAGE, json_lines, on_a_node, wait_for};
 use rebound_tests::{repo_root, yaml_documents};
 use serde_json::{Value, json};
 
@@ -23,21 +23,7 @@ const OPERATOR_NS: &str = "rebound-system";
 
 #[test]
 fn rebound_runs_on_a_real_node() -> Result<()> {
-    let state = repo_root().join(
-        std::env::var("REBOUND_NODE_STATE_DIR").unwrap_or_else(|_| ".state/node".to_string()),
-    );
-    let before = HostSnapshot::take(&state)?;
-    let node = Node::start(&state).context("starting the node")?;
-    let steps = run_steps(&node);
-    let stopped = node.stop().context("dev/cluster-down.sh");
-    steps?;
-    stopped?;
-    let left = HostSnapshot::take(&state)?.left_over(&before);
-    ensure!(
-        left.is_empty(),
-        "the node left these on the host: {left:#?}"
-    );
-    Ok(())
+    on_a_node("node", run_steps)
 }
 
 fn run_steps(node: &Node) -> Result<()> {

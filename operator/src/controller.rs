@@ -286,7 +286,7 @@ impl Router {
             ),
             Incoming::Error(e) => {
                 self.metrics.watch_error();
-                self.membership.watch_failed();
+                self.membership.watch_failed(std::time::Instant::now());
                 let code = crate::error::watch_status_code(&e);
                 if std::mem::replace(&mut self.failing, true) {
                     debug!(error = %e, code, "watch failed again; retrying with backoff");

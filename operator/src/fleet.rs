@@ -26,6 +26,9 @@ pub const SELECTOR: &str = "app.kubernetes.io/name=rebound,app.kubernetes.io/com
 pub const CONFIGMAP_LABEL: &str = "rebound.dev/configmap";
 /// How often liveness is evaluated again: an expired Lease is counted out within this.
 pub const TICK: Duration = Duration::from_secs(1);
+/// A watch failed this long ago, and not since, is taken to be back (its retries come at
+/// most a second apart, so one still down fails again well within it).
+pub const RESUMED_AFTER: Duration = Duration::from_secs(5);
 
 /// Keeps only what counting needs (name, namespace, labels, holder, renewal): the rest of
 /// a Lease is dropped as it arrives.
@@ -152,15 +155,22 @@ type Listed = HashMap<String, HashMap<String, Record>>;
 /// node whose clock is off by any amount counts exactly while it renews. An expiry is no
 /// event: [`TICK`] looks again. Renewals change no count and trigger nothing: a fleet at
 /// rest costs no reconcile.
+/// When a watch failed first and last in a blind time.
+#[derive(Clone, Copy, Debug)]
+struct Blind {
+    since: Instant,
+    last: Instant,
+}
+
 #[derive(Default)]
 pub struct Membership {
     configmap: String,
     seen: Observed,
     /// Re-list in progress, per watch stream.
     relisting: HashMap<usize, Listed>,
-    /// A watch failed since the last re-list or event: renewals made meanwhile were not
-    /// seen, and no expiry is judged until the watch is back.
-    blind: bool,
+    /// A watch failed, and is not seen back yet: renewals made meanwhile were not seen,
+    /// and no expiry is judged.
+    blind: Option<Blind>,
     counts: Counts,
 }
 
@@ -174,12 +184,13 @@ impl Membership {
         }
     }
 
-    /// A watch failed: no expiry is judged until it is back, and then every Lease counts
-    /// from that time, as seen for the first time (sidecars could not renew through an
-    /// outage either): at the next re-list, or at the first event of a watch that resumed
-    /// without one.
-    pub fn watch_failed(&mut self) {
-        self.blind = true;
+    /// A watch failed at `now`: no expiry is judged until it is back, and then every Lease
+    /// counts from that time, as seen for the first time (sidecars could not renew through
+    /// an outage either). Back means a re-list, an event, or [`RESUMED_AFTER`] without
+    /// another failure (a watch that resumed quietly: retries fail at least every second).
+    pub fn watch_failed(&mut self, now: Instant) {
+        let since = self.blind.map_or(now, |b| b.since);
+        self.blind = Some(Blind { since, last: now });
     }
 
     /// A Lease event of watch stream `stream`, which covers `scope` (`None`: all), at `now`.
@@ -192,8 +203,8 @@ impl Membership {
     ) -> Vec<String> {
         match event {
             Event::Apply(lease) | Event::Delete(lease) => {
-                if std::mem::take(&mut self.blind) {
-                    self.forgive(now);
+                if let Some(blind) = self.blind.take() {
+                    self.forgive(blind.since, now);
                 }
                 let (Some(ns), Some(name)) = (lease.namespace(), lease.metadata.name.clone())
                 else {
@@ -235,7 +246,7 @@ impl Membership {
             }
             Event::InitDone => {
                 let listed = self.relisting.remove(&stream).unwrap_or_default();
-                let blind = std::mem::take(&mut self.blind);
+                let blind = self.blind.take().is_some();
                 let mut old = std::mem::take(&mut self.seen);
                 self.seen = old
                     .extract_if(|ns, _| scope.is_some_and(|s| s != ns.as_str()))
@@ -259,20 +270,30 @@ impl Membership {
     /// The namespaces whose count changed since the last look, at `now` (an expiry is no
     /// event).
     pub fn tick(&mut self, now: Instant) -> Vec<String> {
-        if self.blind {
-            return Vec::new();
+        match self.blind {
+            Some(b) if now.saturating_duration_since(b.last) < RESUMED_AFTER => {
+                return Vec::new();
+            }
+            Some(b) => {
+                self.blind = None;
+                self.forgive(b.since, now);
+            }
+            None => {}
         }
         self.changed(now, None)
     }
 
-    /// Every remembered Lease counts from `now`, as after a blind re-list.
-    fn forgive(&mut self, now: Instant) {
+    /// Every Lease still live when the blind time began counts from `now`, as after a
+    /// blind re-list; one already expired stays out.
+    fn forgive(&mut self, since: Instant, now: Instant) {
         for seen in self
             .seen
             .values_mut()
             .flat_map(|leases| leases.values_mut())
         {
-            seen.changed = now;
+            if seen.live(since) {
+                seen.changed = now;
+            }
         }
     }
 
@@ -440,7 +461,7 @@ mod tests {
         assert_eq!(m.tick(t(16)), ["a"]);
         assert_eq!(m.tick(t(17)), ["c"]);
         // After a failed watch, an unchanged record counts from the relist.
-        m.watch_failed();
+        m.watch_failed(t(18));
         m.event(0, None, &Event::Init, t(20));
         m.event(
             0,
@@ -464,18 +485,28 @@ mod tests {
         let mut m = Membership::new("cm", counts.clone());
         apply(&mut m, lease("a", "1", "cm", 0, 15), t(1));
         apply(&mut m, lease("a", "2", "cm", 0, 15), t(1));
-        // An outage longer than the duration: nothing judged while blind.
-        m.watch_failed();
-        assert!(m.tick(t(30)).is_empty());
+        // An outage longer than the duration, its retries failing every second: nothing
+        // is judged meanwhile.
+        for s in 2..30 {
+            m.watch_failed(t(s));
+            assert!(m.tick(t(s)).is_empty(), "at {s} s");
+        }
         assert_eq!(counts.get("a"), 2);
         // The watch resumes; its first event is one sidecar's renewal: both still count,
-        // the other from now.
+        // the other from now, and it is out a duration later unless it renews.
         assert!(apply(&mut m, lease("a", "1", "cm", 31, 15), t(31)).is_empty());
         assert_eq!(counts.get("a"), 2);
-        // Only that one renews again: the other is out a duration after the resumption.
         assert!(apply(&mut m, lease("a", "1", "cm", 40, 15), t(40)).is_empty());
         assert!(m.tick(t(45)).is_empty());
         assert_eq!(m.tick(t(46)), ["a"]);
         assert_eq!(counts.get("a"), 1);
+        // One failure, then a watch back without a word: judged again after RESUMED_AFTER,
+        // every Lease from then.
+        m.watch_failed(t(50));
+        assert!(m.tick(t(54)).is_empty());
+        assert!(m.tick(t(55)).is_empty(), "forgiven, not expired");
+        assert_eq!(counts.get("a"), 1);
+        assert_eq!(m.tick(t(70)), ["a"]);
+        assert_eq!(counts.get("a"), 0);
     }
 }

@@ -249,14 +249,16 @@ impl Observed {
 
     /// This sidecar can observe again at `now` after a time it could not (its watch had
     /// failed and resumed without a re-list, or its own renewals failed): renewals it could
-    /// not see must not count against a Lease, so every remembered one is judged from
-    /// `now`, as after a blind re-list.
+    /// not see must not count against a Lease, so every one still live when it last judged
+    /// (before that time) is judged from `now`, as after a blind re-list. One already
+    /// expired stays out.
     pub fn resume(&mut self, now: Instant) {
-        let seen = std::mem::take(&mut self.seen);
-        self.live.clear();
-        for (name, mut s) in seen {
-            s.changed = now;
-            self.track(&name, s);
+        let live: Vec<String> = self.live.keys().cloned().collect();
+        for name in live {
+            if let Some(mut s) = self.seen.remove(&name) {
+                s.changed = now;
+                self.track(&name, s);
+            }
         }
     }
 
@@ -426,13 +428,16 @@ mod tests {
         let t0 = Instant::now();
         let s = Duration::from_secs;
         let mut o = Observed::default();
-        o.apply("a", rec("a", "1", 10), t0);
-        o.apply("b", rec("b", "1", 10), t0);
-        o.apply("r", rec("", "1", 10), t0);
-        // 30 s unable to observe; then the watch resumes without a re-list.
+        o.apply("x", rec("x", "1", 10), t0);
+        o.apply("a", rec("a", "1", 10), t0 + s(5));
+        o.apply("b", rec("b", "1", 10), t0 + s(5));
+        o.apply("r", rec("", "1", 10), t0 + s(5));
+        // Judged at 12 s (x expired), then 18 s unable to observe; then the watch resumes
+        // without a re-list.
+        assert_eq!(o.members("z", t0 + s(12)).members, ["a", "b", "z"]);
         o.resume(t0 + s(30));
         assert_eq!(o.members("z", t0 + s(30)).members, ["a", "b", "z"]);
-        assert_eq!(o.sizes(), (3, 2), "a released Lease stays out");
+        assert_eq!(o.sizes(), (4, 2), "expired and released Leases stay out");
         // Renewals resume for one of them only: the other is out a duration later.
         o.apply("a", rec("a", "2", 10), t0 + s(35));
         assert_eq!(o.members("z", t0 + s(39)).members, ["a", "b", "z"]);

@@ -17,6 +17,7 @@ pub mod manifest;
 pub mod pattern;
 pub mod resolve;
 pub mod retry_budget;
+pub mod rollout;
 pub mod simulate;
 pub mod spec;
 #[cfg(feature = "vectors")]

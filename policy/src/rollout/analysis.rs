@@ -1,0 +1,1 @@
+//! The anytime-valid test that decides whether a new revision harms.

@@ -1,0 +1,1 @@
+//! Which revision of a policy in rollout answers a job.

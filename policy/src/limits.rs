@@ -18,6 +18,18 @@ pub const MAX_SLOT_SECONDS: u32 = 60;
 /// How far ahead a policy without `maxRetryDuration` may book: the longest duration a
 /// policy can state (8760h). A retry that would run later gives up with `Deadline`.
 pub const MAX_BOOK_AHEAD_MS: u64 = crate::duration::MAX_DURATION_MS;
+/// Steps of a rollout: enough for any exposure ladder, few enough for a cheap CEL rule.
+pub const MAX_ROLLOUT_STEPS: usize = 10;
+/// A step's weight in percent: never none and never all of the jobs.
+pub const MIN_ROLLOUT_WEIGHT: u32 = 1;
+pub const MAX_ROLLOUT_WEIGHT: u32 = 99;
+/// `analysis.maxRelativeIncrease`: a new bad-job ratio up to 11× the stable one tolerated.
+pub const MAX_RELATIVE_INCREASE: f64 = 10.0;
+/// `analysis.alpha`, the false-abort bound.
+pub const MIN_ALPHA: f64 = 0.001;
+pub const MAX_ALPHA: f64 = 0.2;
+/// `analysis.minFailedJobs`.
+pub const MAX_MIN_FAILED_JOBS: u32 = 10_000_000;
 /// Answers remembered per policy for repeated questions.
 pub const MEMO_CAPACITY: usize = 65_536;
 /// Runs of booked slots held per policy; at it, the smallest gaps are merged as full.

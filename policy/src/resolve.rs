@@ -17,6 +17,11 @@ use crate::{
     },
 };
 
+mod rollout;
+pub use rollout::{
+    ResolvedAnalysis, ResolvedRollout, ResolvedStep, defaults as rollout_defaults, resolve_rollout,
+};
+
 /// Documented defaults, applied when a field is absent.
 pub mod defaults {
     use crate::spec::{JitterKind, Strategy};
@@ -310,6 +315,12 @@ pub fn resolve(spec: &RetryPolicySpec) -> Result<ResolvedPolicy, Vec<FieldError>
             }
         }
     });
+
+    // Checked here so every path that validates a spec (admission's twin, `rebound
+    // validate`, the operator) refuses a bad rollout; resolved apart by `resolve_rollout`.
+    if let Some(r) = &spec.rollout {
+        rollout::check(&mut errors, r);
+    }
 
     let backoff = resolve_backoff(
         &mut errors,

@@ -18,6 +18,9 @@ use crate::{
     pattern::{MAX_NAME_LEN, NAME_PATTERN, PLAIN_NAME_PATTERN},
 };
 
+mod rollout;
+pub use rollout::{OnInconclusive, RolloutAnalysis, RolloutSpec, RolloutStep};
+
 /// Declares how the jobs of some queues are retried and what happens when they stop.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -123,6 +126,11 @@ pub struct RetryPolicySpec {
     /// next slot with room. Default: no budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<RetryBudgetSpec>,
+
+    /// How a change of this spec reaches the jobs: in steps of growing weight, promoted or
+    /// rolled back on evidence. Absent: a change applies to every job at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// A retry budget as users write it.
@@ -405,6 +413,18 @@ pub mod rules {
         field: ".burst",
         cel: "!has(self.burst) || self.burst <= 60 * self.ratePerSecond",
         message: "burst must be at most 60 × ratePerSecond (a slot of 1000 × burst / ratePerSecond ms lasts at most 60s)",
+    };
+    /// Unrolled over the ten possible neighbours: CEL has no index range, and a rule on
+    /// one step cannot see the previous one.
+    pub const WEIGHTS_INCREASE: CrossFieldRule = CrossFieldRule {
+        field: ".steps",
+        cel: "(size(self.steps) < 2 || self.steps[0].weight < self.steps[1].weight) && (size(self.steps) < 3 || self.steps[1].weight < self.steps[2].weight) && (size(self.steps) < 4 || self.steps[2].weight < self.steps[3].weight) && (size(self.steps) < 5 || self.steps[3].weight < self.steps[4].weight) && (size(self.steps) < 6 || self.steps[4].weight < self.steps[5].weight) && (size(self.steps) < 7 || self.steps[5].weight < self.steps[6].weight) && (size(self.steps) < 8 || self.steps[6].weight < self.steps[7].weight) && (size(self.steps) < 9 || self.steps[7].weight < self.steps[8].weight) && (size(self.steps) < 10 || self.steps[8].weight < self.steps[9].weight)",
+        message: "step weights must increase strictly from one step to the next",
+    };
+    pub const MAX_DURATION_AT_LEAST_PAUSE: CrossFieldRule = CrossFieldRule {
+        field: ".maxDuration",
+        cel: "!has(self.maxDuration) || !has(self.pause) || duration(self.maxDuration) >= duration(self.pause)",
+        message: "maxDuration must be at least pause",
     };
     pub const QUEUE_ONLY_FOR_DEAD_LETTER: CrossFieldRule = CrossFieldRule {
         field: ".deadLetterQueue",

@@ -227,6 +227,7 @@ fn schedule_and_constant_default_to_no_jitter() {
             non_retryable_errors: vec![],
             terminal: None,
             retry_budget: None,
+            rollout: None,
         };
         resolve(&spec).expect("valid").jitter
     };
@@ -260,6 +261,7 @@ fn equivalent_patterns_conflict() {
             non_retryable_errors: vec![],
             terminal: None,
             retry_budget: None,
+            rollout: None,
         },
     };
     let compilation = compile(

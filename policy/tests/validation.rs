@@ -187,7 +187,7 @@ fn policies_at_the_edges_of_every_bound_pass_both_validators() {
     let text = include_str!("fixtures/edge-valid-policies.yaml");
     let schema = crd_schema();
     let docs = parse_manifests(text).expect("YAML");
-    assert_eq!(docs.len(), 5);
+    assert_eq!(docs.len(), 7);
     for doc in docs {
         assert!(doc.result.is_ok(), "{:?}: {:?}", doc.name, doc.result.err());
     }
@@ -289,6 +289,7 @@ fn oversized_lists_are_refused_before_any_per_item_work() {
         non_retryable_errors: vec!["dup".to_owned(); 80_000],
         terminal: None,
         retry_budget: None,
+        rollout: None,
     };
     let errors = resolve(&spec).expect_err("invalid");
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
@@ -315,6 +316,7 @@ fn duplicates_are_reported_per_entry() {
         non_retryable_errors: vec![],
         terminal: None,
         retry_budget: None,
+        rollout: None,
     };
     let errors = resolve(&spec).expect_err("duplicates");
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();

@@ -511,6 +511,7 @@ mod tests {
                 rate_per_second: 10,
                 burst: Some(1),
             }),
+            rollout: None,
         };
         let params = resolve(&spec).expect("valid spec");
         let doc = CompiledDocument::new(
@@ -572,6 +573,7 @@ mod tests {
             non_retryable_errors: vec!["Fatal*".to_owned()],
             terminal: None,
             retry_budget: None,
+            rollout: None,
         };
         let params = resolve(&spec).expect("valid spec");
         let doc = CompiledDocument::new(

@@ -79,6 +79,7 @@ pub fn spec(i: usize) -> RetryPolicySpec {
             dead_letter_queue: Some(format!("dead-{i}")),
         }),
         retry_budget: None,
+        rollout: None,
     }
 }
 

@@ -1,6 +1,6 @@
 //! One verdict for every input: policies generated near every edge from a fixed seed
 //! (patterns equal after normalisation, each limit at and just past it, durations, globs,
-//! budgets, rules between fields), each sent to the real kube-apiserver as a server-side
+//! budgets, rules between fields, rollouts), each sent to the real kube-apiserver as a server-side
 //! dry-run create and to the validator `rebound validate` runs
 //! (`rebound_policy::manifest::parse_manifests`). Both must accept, or both refuse naming
 //! the same field path.
@@ -194,6 +194,93 @@ fn specs() -> Vec<Value> {
     for b in budgets {
         out.push(json!({"queues": ["q"], "retryBudget": b}));
     }
+    for rollout in rollouts(&mut rng) {
+        out.push(json!({"queues": ["q"], "rollout": rollout}));
+    }
+    out
+}
+
+/// `spec.rollout`: step counts, weights and their order, durations and the rule between
+/// them, every analysis bound at and just past it.
+fn rollouts(rng: &mut Rng) -> Vec<Value> {
+    let steps = |weights: &[i64]| -> Value {
+        weights
+            .iter()
+            .map(|w| json!({"weight": w}))
+            .collect::<Vec<_>>()
+            .into()
+    };
+    let mut out = vec![
+        json!({"steps": [{"weight": 10, "pause": "10m"}, {"weight": 50, "pause": "30m"}],
+               "analysis": {"minFailedJobs": 200, "maxRelativeIncrease": 0.2}}),
+        json!({"steps": []}),
+        json!({"analysis": {}}),
+        json!({}),
+        json!(null),
+        json!({"steps": [{"pause": "1m"}]}),
+        json!({"steps": [{"weight": "10"}]}),
+        json!({"steps": [{"weight": 12.5}]}),
+        json!({"steps": [{"weight": 10}], "analysis": null}),
+        json!({"steps": [{"weight": 10, "pause": null, "maxDuration": null}]}),
+    ];
+    for weights in [
+        &[0][..],
+        &[1],
+        &[99],
+        &[100],
+        &[-1],
+        &[1, 99],
+        &[10, 10],
+        &[50, 10],
+        &[0, 0],
+        &[10, 20, 30, 40, 50, 60, 70, 80, 90, 99],
+        &[10, 20, 30, 40, 50, 60, 70, 80, 99, 90],
+        &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+        &[11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1],
+    ] {
+        out.push(json!({"steps": steps(weights)}));
+    }
+    // Random ladders: mostly increasing, some with a repeat or a step down anywhere.
+    for _ in 0..24 {
+        let n = 1 + rng.below(10) as usize;
+        let mut weights: Vec<i64> = (0..n).map(|_| 1 + rng.below(99) as i64).collect();
+        if rng.below(2) == 0 {
+            weights.sort_unstable();
+            weights.dedup();
+        }
+        out.push(json!({"steps": steps(&weights)}));
+    }
+    for d in durations(rng) {
+        out.push(json!({"steps": [{"weight": 10, "pause": d}]}));
+        out.push(json!({"steps": [{"weight": 10}, {"weight": 20, "maxDuration": d}]}));
+        out.push(json!({"steps": [{"weight": 10, "pause": d, "maxDuration": "1h"}]}));
+        out.push(json!({"steps": [{"weight": 10, "pause": "1h", "maxDuration": d}]}));
+    }
+    for analysis in [
+        json!({"maxRelativeIncrease": -0.1}),
+        json!({"maxRelativeIncrease": 0}),
+        json!({"maxRelativeIncrease": 10}),
+        json!({"maxRelativeIncrease": 10.000_001}),
+        json!({"alpha": 0}),
+        json!({"alpha": 0.000_999}),
+        json!({"alpha": 0.001}),
+        json!({"alpha": 0.2}),
+        json!({"alpha": 0.200_001}),
+        json!({"alpha": 1}),
+        json!({"minFailedJobs": 0}),
+        json!({"minFailedJobs": 1}),
+        json!({"minFailedJobs": 10_000_000}),
+        json!({"minFailedJobs": 10_000_001}),
+        json!({"minFailedJobs": -5}),
+        json!({"minFailedJobs": 2_147_483_648_i64}),
+        json!({"onInconclusive": "Pause"}),
+        json!({"onInconclusive": "Abort"}),
+        json!({"onInconclusive": "pause"}),
+        json!({"onInconclusive": "Retry"}),
+        json!({"alpha": 0.5, "minFailedJobs": 0, "maxRelativeIncrease": 11}),
+    ] {
+        out.push(json!({"steps": [{"weight": 10}], "analysis": analysis}));
+    }
     out
 }
 
@@ -242,7 +329,7 @@ async fn admission_and_the_validator_agree_on_every_edge() {
     let api: Api<DynamicObject> =
         Api::namespaced_with(env.client.clone(), &env.namespace, &resource);
     let specs = specs();
-    assert!(specs.len() > 150, "{} cases", specs.len());
+    assert!(specs.len() > 300, "{} cases", specs.len());
     let (mut refused, mut disagree) = (0, Vec::new());
     for (i, spec) in specs.iter().enumerate() {
         let doc = policy(i, spec);

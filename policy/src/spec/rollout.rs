@@ -54,7 +54,12 @@ pub struct RolloutAnalysis {
     /// Bound on the chance of rolling back a change that does no harm, however often the
     /// evidence is looked at. 0.001 to 0.2, default 0.05.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = limits::MIN_ALPHA, max = limits::MAX_ALPHA))]
+    // The rule repeats the minimum because the API server checks a fractional minimum
+    // against an integer value truncated (`alpha: 0` passes `minimum: 0.001`).
+    #[schemars(
+        range(min = limits::MIN_ALPHA, max = limits::MAX_ALPHA),
+        extend("x-kubernetes-validations" = [{"rule": "self >= 0.001", "message": "must be at least 0.001"}])
+    )]
     pub alpha: Option<f64>,
     /// Jobs that failed at least once during a step (both revisions) before it may pass,
     /// 1 to 10000000, default 200: no data is never a verdict.

@@ -54,8 +54,8 @@ pub struct RolloutAnalysis {
     /// Bound on the chance of rolling back a change that does no harm, however often the
     /// evidence is looked at. 0.001 to 0.2, default 0.05.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    // The rule repeats the minimum because the API server checks a fractional minimum
-    // against an integer value truncated (`alpha: 0` passes `minimum: 0.001`).
+    // The rule repeats the minimum: the API server admitted an integer `alpha: 0` under
+    // `minimum: 0.001` (tests/tests/admission_differential.rs).
     #[schemars(
         range(min = limits::MIN_ALPHA, max = limits::MAX_ALPHA),
         extend("x-kubernetes-validations" = [{"rule": "self >= 0.001", "message": "must be at least 0.001"}])

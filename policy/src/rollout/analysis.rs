@@ -82,6 +82,31 @@ pub struct Evidence {
     pub min_failed_jobs: u64,
 }
 
+/// The line a status condition or `rollout status` shows, e.g. `bad jobs: new 4.0 %
+/// (12/300), stable 2.0 % (54/2700); e-value 1.65 of 20; step sample 3000 of 200`.
+impl std::fmt::Display for Evidence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let arm = |ratio: Option<f64>, bad: u64, failed: u64| match ratio {
+            Some(r) => format!("{:.1} % ({bad}/{failed})", 100.0 * r),
+            None => "no failed jobs".to_owned(),
+        };
+        write!(
+            f,
+            "bad jobs: new {}, stable {}; e-value {:.2} of {:.0}; step sample {} of {}",
+            arm(self.bad_ratio_new, self.bad_jobs.new, self.failed_jobs.new),
+            arm(
+                self.bad_ratio_stable,
+                self.bad_jobs.stable,
+                self.failed_jobs.stable
+            ),
+            self.e_value,
+            self.threshold,
+            self.step_failed_jobs,
+            self.min_failed_jobs
+        )
+    }
+}
+
 /// Why the evidence cannot be read as a verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reason", rename_all = "camelCase")]

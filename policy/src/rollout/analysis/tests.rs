@@ -266,3 +266,56 @@ fn clopper_pearson_bounds_bracket_the_rate() {
     );
     assert!(lo < 0.05 && 0.05 < hi && hi - lo < 0.05, "{lo} {hi}");
 }
+
+#[test]
+fn the_evidence_reads_as_one_line() {
+    let verdict = analyse(
+        &[step(10, (300, 3000), (12, 66))],
+        &ResolvedAnalysis::default(),
+    );
+    let line = verdict.evidence().to_string();
+    let e = verdict.evidence().e_value;
+    assert_eq!(
+        line,
+        format!(
+            "bad jobs: new 4.0 % (12/300), stable 2.0 % (54/2700); e-value {e:.2} of 20; step sample 3000 of 200"
+        )
+    );
+    let empty = analyse(&[], &ResolvedAnalysis::default());
+    assert_eq!(
+        empty.evidence().to_string(),
+        "bad jobs: new no failed jobs, stable no failed jobs; e-value 1.00 of 20; step sample 0 of 200"
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    /// No counts, weights or configuration make the numbers non-finite or panic.
+    #[test]
+    fn any_counts_give_finite_numbers(
+        counts in proptest::collection::vec(
+            (0u32..=120, proptest::num::u64::ANY, proptest::num::u64::ANY,
+             proptest::num::u64::ANY, proptest::num::u64::ANY),
+            0..12,
+        ),
+        x in proptest::num::f64::ANY,
+        alpha in proptest::num::f64::ANY,
+        min in proptest::num::u64::ANY,
+    ) {
+        let steps: Vec<StepCounts> = counts
+            .into_iter()
+            .map(|(weight, failed_new, failed_all, bad_new, bad_all)| StepCounts {
+                weight, failed_new, failed_all, bad_new, bad_all,
+            })
+            .collect();
+        let config = ResolvedAnalysis {
+            max_relative_increase: x,
+            alpha,
+            min_failed_jobs: min,
+            ..ResolvedAnalysis::default()
+        };
+        let verdict = analyse(&steps, &config);
+        proptest::prop_assert!(finite(verdict.evidence()), "{:?}", verdict);
+        proptest::prop_assert!(verdict.evidence().e_value >= 0.0);
+    }
+}

@@ -28,7 +28,19 @@ fn baseline(name: &str) -> Value {
             "maxAttempts": 5,
             "maxRetryDuration": "1h30m",
             "nonRetryableErrors": ["ValidationError", "http.4*"],
-            "terminal": { "action": "deadLetter", "deadLetterQueue": "orders-dead" }
+            "terminal": { "action": "deadLetter", "deadLetterQueue": "orders-dead" },
+            "rollout": {
+                "steps": [
+                    { "weight": 10, "pause": "10m", "maxDuration": "1h" },
+                    { "weight": 50 }
+                ],
+                "analysis": {
+                    "maxRelativeIncrease": 0.2,
+                    "alpha": 0.05,
+                    "minFailedJobs": 200,
+                    "onInconclusive": "Abort"
+                }
+            }
         }
     })
 }
@@ -205,6 +217,40 @@ fn cases() -> Vec<Case> {
             name: "unknown-jitter-kind",
             edits: vec![Set("spec.backoff.jitter.kind", json!("gaussian"))],
             expect: &["spec.backoff.jitter.kind", "Unsupported value"],
+        },
+        Case {
+            name: "rollout-weights-not-increasing",
+            edits: vec![Set(
+                "spec.rollout.steps",
+                json!([{"weight": 50}, {"weight": 10}]),
+            )],
+            expect: &["spec.rollout.steps", "weights must increase strictly"],
+        },
+        Case {
+            name: "rollout-weight-all-jobs",
+            edits: vec![Set("spec.rollout.steps", json!([{"weight": 100}]))],
+            expect: &["spec.rollout.steps[0].weight", "less than or equal to 99"],
+        },
+        Case {
+            name: "rollout-max-duration-below-pause",
+            edits: vec![Set(
+                "spec.rollout.steps",
+                json!([{"weight": 10, "pause": "1h", "maxDuration": "30m"}]),
+            )],
+            expect: &[
+                "spec.rollout.steps[0].maxDuration",
+                "maxDuration must be at least pause",
+            ],
+        },
+        Case {
+            name: "rollout-alpha-zero",
+            edits: vec![Set("spec.rollout.analysis.alpha", json!(0))],
+            expect: &["spec.rollout.analysis.alpha", "at least 0.001"],
+        },
+        Case {
+            name: "rollout-unknown-on-inconclusive",
+            edits: vec![Set("spec.rollout.analysis.onInconclusive", json!("Retry"))],
+            expect: &["spec.rollout.analysis.onInconclusive", "Unsupported value"],
         },
         Case {
             name: "unknown-field",

@@ -85,7 +85,7 @@ build() {
   for binary in source-controller kustomize-controller; do
     module="github.com/fluxcd/$binary"
     want="$(module_version "$module")"
-    got="$(go version -m "$out/$binary" | awk -v m="$module" '$1 == "dep" && $2 == m { print $3 }')"
+    got="$(go version -m "$out/$binary" | awk -v m="$module" '($1 == "mod" || $1 == "dep") && $2 == m { print $3; exit }')"
     [[ "$got" == "$want" ]] || cb_die "$binary holds $module '$got', expected $want"
   done
   mkdir -p "$out/crds"

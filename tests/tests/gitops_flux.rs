@@ -23,6 +23,9 @@ use serde_json::Value;
 
 /// Long enough for a sync on a busy 2-core machine; each step takes a few seconds.
 const STEP: Duration = Duration::from_secs(40);
+/// How long the Kustomization must stay not Ready with the operator down: Flux reports an
+/// apply without `wait` as Ready within a second.
+const WAIT_HELD: Duration = Duration::from_secs(4);
 
 fn policy(max_attempts: u32) -> String {
     format!(
@@ -114,6 +117,20 @@ async fn compiled_max_attempts(env: &TestEnv) -> Result<Option<u32>> {
         .map(|p| p.params.max_attempts))
 }
 
+/// The operator, watching only the test's namespace.
+fn spawn_operator(env: &TestEnv, logs: &Path) -> Result<Running> {
+    Running::workspace_binary(
+        "rebound-operator",
+        env.cluster.kubeconfig(),
+        &[
+            format!("--namespaces={}", env.namespace),
+            "--leader-elect=false".into(),
+            format!("--metrics-addr={}", free_port()?),
+        ],
+        logs,
+    )
+}
+
 /// The RetryPolicy `orders` as JSON.
 async fn orders(env: &TestEnv) -> Result<Value> {
     let api: Api<DynamicObject> =
@@ -142,16 +159,7 @@ async fn flux_syncs_policies_waits_on_their_status_and_keeps_serving_through_a_r
 -> Result<()> {
     let logs = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let env = TestEnv::new("gitops-flux").await?;
-    let _operator = Running::workspace_binary(
-        "rebound-operator",
-        env.cluster.kubeconfig(),
-        &[
-            format!("--namespaces={}", env.namespace),
-            "--leader-elect=false".into(),
-            format!("--metrics-addr={}", free_port()?),
-        ],
-        logs,
-    )?;
+    let operator = spawn_operator(&env, logs)?;
     let git = GitServer::start(logs)?;
     let flux = Flux::start(env.cluster, &env.namespace, logs)?;
     let context = || {
@@ -194,13 +202,40 @@ async fn flux_syncs_policies_waits_on_their_status_and_keeps_serving_through_a_r
     .await?;
     assert_eq!(served, 5);
 
-    // (ii) A commit changing maxAttempts: the compiled document follows, and with
-    // `wait: true` the Kustomization is Ready only once the operator has reconciled the new
-    // generation (kstatus reads our observedGeneration).
+    // (ii) A commit changing maxAttempts while the operator is down: Flux applies it, but
+    // with `wait: true` kstatus reads our stale observedGeneration as InProgress, so the
+    // Kustomization is not Ready. Once the operator is back it compiles the new generation,
+    // the compiled document follows and the Kustomization turns Ready.
+    drop(operator);
     let second = git.commit(
         &[("policies/orders.yaml", &policy(7))],
         "orders: 7 attempts",
     )?;
+    eventually("Flux to apply 7 attempts", STEP, || async {
+        Ok((orders(&env).await?["spec"]["maxAttempts"] == 7).then_some(()))
+    })
+    .await
+    .with_context(context)?;
+    let second_revision: Value = format!("main@sha1:{second}").into();
+    let held = std::time::Instant::now();
+    while held.elapsed() < WAIT_HELD {
+        let k = get_json(&kustomizations(&env), "policies")
+            .await?
+            .context("the Kustomization is gone")?;
+        let ready_at_second =
+            is_ready_true(&k) && k.pointer("/status/lastAppliedRevision") == Some(&second_revision);
+        ensure!(
+            !ready_at_second,
+            "Ready while the policy's status is stale (wait: true ignored): {k:#}"
+        );
+        let p = orders(&env).await?;
+        ensure!(
+            p.pointer("/status/observedGeneration") != p.pointer("/metadata/generation"),
+            "the status moved with the operator down: {p:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _operator = spawn_operator(&env, logs)?;
     let k = kustomization_at(&env, &second)
         .await
         .with_context(context)?;

@@ -57,6 +57,8 @@ python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 
 if [[ "$scope" == test ]]; then
   need_tool rsvg-convert librsvg2-bin
+  # The Flux test's repository: git, and git http-backend behind dev/flux/githttp.
+  need_tool git git
   # Python venvs (clients/python/dev-env.sh) need ensurepip, in Debian's python3-venv.
   python3 -c 'import ensurepip' >/dev/null 2>&1 || packages+=(python3-venv)
   # The Sidekiq adapter (clients/ruby): Ruby, Sidekiq 6.4, ActiveJob 6.1, gRPC, its stub

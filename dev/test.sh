@@ -46,6 +46,12 @@ export REBOUND_PROMETHEUS_BIN_DIR="$prometheus_bin"
 "$prometheus_bin/promtool" check rules monitoring/rules.yaml
 "$prometheus_bin/promtool" test rules monitoring/tests/*.yaml
 
+# GitOps with a real engine (tests/tests/gitops_flux.rs): Flux's source-controller and
+# kustomize-controller, their CRDs and githttp, the Git server they sync from
+# (dev/build-flux.sh; the test fails naming the script when they are not built).
+REBOUND_FLUX_BIN_DIR="$(dev/build-flux.sh | tail -n 1)"
+export REBOUND_FLUX_BIN_DIR
+
 # The images the node tests import, built before them (the tests rebuild nothing then).
 dev/build-images.sh >/dev/null
 

@@ -17,6 +17,7 @@ pub mod client_modules;
 pub mod cluster;
 pub mod compiled;
 pub mod doc;
+pub mod flux;
 pub mod helm;
 pub mod injection;
 pub mod kubelet;

@@ -5,15 +5,14 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-
 use crate::{
     decide::PreparedPolicy,
+    digest::sha256_id,
     pattern::{self, Glob, Specificity},
     resolve::{FieldError, ResolvedPolicy, resolve},
     spec::RetryPolicySpec,
 };
+use serde::{Deserialize, Serialize};
 
 /// The format identifier; bumped on any incompatible change.
 pub const FORMAT: &str = "rebound.dev/compiled-policies/v1";
@@ -103,7 +102,7 @@ impl CompiledDocument {
         if raw.format != FORMAT {
             return Err(DocumentError::Format { found: raw.format });
         }
-        let actual = hash_bytes(raw.policies.get().as_bytes());
+        let actual = sha256_id(raw.policies.get().as_bytes());
         if actual != raw.hash {
             return Err(DocumentError::Hash {
                 stated: raw.hash,
@@ -149,17 +148,7 @@ struct RawDocument<'a> {
 
 /// The hash of the policies as [`CompiledDocument::to_json`] writes them.
 fn content_hash(policies: &[CompiledPolicy]) -> String {
-    hash_bytes(&serde_json::to_vec(policies).unwrap_or_default())
-}
-
-fn hash_bytes(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut hex = String::with_capacity(7 + 64);
-    hex.push_str("sha256:");
-    for b in digest {
-        hex.push_str(&format!("{b:02x}"));
-    }
-    hex
+    sha256_id(&serde_json::to_vec(policies).unwrap_or_default())
 }
 
 /// A policy as the compiler receives it from the API (or a file).

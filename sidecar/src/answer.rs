@@ -522,6 +522,7 @@ mod tests {
                 generation: 1,
                 queues: spec.queues.clone(),
                 params,
+                rollout: None,
             }],
         );
         let cfg = Snapshot::new(&doc);
@@ -583,6 +584,7 @@ mod tests {
                 generation: 4,
                 queues: spec.queues.clone(),
                 params,
+                rollout: None,
             }],
         );
         Snapshot::new(&doc)

@@ -51,7 +51,7 @@ pub struct AssignCase {
 }
 
 /// `rebound.v1.RolloutStep` in proto3 JSON.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WireStep {
     pub weight: u32,

@@ -629,6 +629,9 @@ mod tests {
         let policy = r.policy.expect("policy");
         assert_eq!((policy.name.as_str(), policy.generation), ("p", 4));
         assert_eq!(policy.config_hash, cfg.hash);
+        assert_eq!(r.revision, "", "not in rollout: no revision");
+        let got = get_policy(&cfg, &wire::GetPolicyRequest { queue: "q".into() }).expect("policy");
+        assert_eq!(got.rollout, None);
         let (r, outcome) = decide_one(&cfg, &req("q", 3), 0).expect("answer");
         assert_eq!(outcome, Reason::MaxAttempts);
         assert_eq!(r.disposition(), pb::Disposition::Drop);

@@ -8,13 +8,14 @@ mod table;
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{
     digest::sha256_id,
     pattern,
     resolve::{FieldError, ResolvedPolicy, resolve},
     spec::RetryPolicySpec,
 };
-use serde::{Deserialize, Serialize};
 
 pub use rollout::{CompiledRollout, RolloutEntry, Selected};
 pub use table::{PolicyTable, TableEntry};

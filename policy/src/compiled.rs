@@ -3,17 +3,22 @@
 //! back with [`CompiledDocument::from_json`] and looks queues up in a [`PolicyTable`].
 //! See `docs/compiled-format.md`.
 
+mod rollout;
+mod table;
+
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::{
-    decide::PreparedPolicy,
-    pattern::{self, Glob, Specificity},
+    digest::sha256_id,
+    pattern,
     resolve::{FieldError, ResolvedPolicy, resolve},
     spec::RetryPolicySpec,
 };
+
+pub use rollout::{CompiledRollout, RolloutEntry, Selected};
+pub use table::{PolicyTable, TableEntry};
 
 /// The format identifier; bumped on any incompatible change.
 pub const FORMAT: &str = "rebound.dev/compiled-policies/v1";
@@ -52,7 +57,12 @@ pub struct CompiledPolicy {
     pub generation: i64,
     /// The patterns this policy serves, after conflicts were resolved.
     pub queues: Vec<String>,
+    /// The stable revision's parameters: what answers every job when no rollout runs.
     pub params: ResolvedPolicy,
+    /// Present while a change of the policy rolls out: the new revision and its exposure.
+    /// Readers before it ignore the field (no `deny_unknown_fields`) and serve `params`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<CompiledRollout>,
 }
 
 impl CompiledPolicy {
@@ -103,7 +113,7 @@ impl CompiledDocument {
         if raw.format != FORMAT {
             return Err(DocumentError::Format { found: raw.format });
         }
-        let actual = hash_bytes(raw.policies.get().as_bytes());
+        let actual = sha256_id(raw.policies.get().as_bytes());
         if actual != raw.hash {
             return Err(DocumentError::Hash {
                 stated: raw.hash,
@@ -127,6 +137,12 @@ impl CompiledDocument {
                 pattern::check_pattern(q)
                     .map_err(|e| fail(&format!("queues[{i}]"), e.to_string()))?;
             }
+            if let Some(rollout) = &p.rollout {
+                rollout.exposure().map_err(|error| DocumentError::Policy {
+                    policy: p.identity(),
+                    error,
+                })?;
+            }
         }
         Ok(Self {
             format: raw.format,
@@ -149,17 +165,7 @@ struct RawDocument<'a> {
 
 /// The hash of the policies as [`CompiledDocument::to_json`] writes them.
 fn content_hash(policies: &[CompiledPolicy]) -> String {
-    hash_bytes(&serde_json::to_vec(policies).unwrap_or_default())
-}
-
-fn hash_bytes(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut hex = String::with_capacity(7 + 64);
-    hex.push_str("sha256:");
-    for b in digest {
-        hex.push_str(&format!("{b:02x}"));
-    }
-    hex
+    sha256_id(&serde_json::to_vec(policies).unwrap_or_default())
 }
 
 /// A policy as the compiler receives it from the API (or a file).
@@ -271,220 +277,12 @@ pub fn compile(namespace: &str, mut sources: Vec<PolicySource>) -> Compilation {
             generation: source.generation,
             queues: serving.clone(),
             params,
+            rollout: None,
         });
         outcomes.push((source.name, PolicyOutcome::Compiled { serving, lost }));
     }
     Compilation {
         document: CompiledDocument::new(namespace, policies),
         outcomes,
-    }
-}
-
-/// A compiled policy ready to answer, with what the sidecar reports about it.
-#[derive(Debug)]
-pub struct TableEntry {
-    pub policy: PreparedPolicy,
-    pub name: String,
-    pub namespace: String,
-    pub generation: i64,
-}
-
-/// Queue → policy lookup over one compiled document.
-///
-/// Exact names are a hash lookup. Globs sit in a trie keyed by their literal prefix, so
-/// a lookup walks the queue name once and tries only globs whose prefix the name has,
-/// longest prefix first; each try is linear ([`Glob`]). No pattern is scanned whose
-/// prefix cannot match, and no try backtracks.
-#[derive(Debug)]
-pub struct PolicyTable {
-    hash: String,
-    entries: Vec<TableEntry>,
-    exact: HashMap<String, usize>,
-    /// (pattern, entry) sorted by specificity, most specific first; stable on entry order.
-    globs: Vec<(Glob, usize)>,
-    prefixes: PrefixTrie,
-}
-
-/// Literal prefixes of the globs, as a trie laid out in flat arrays (a few allocations in
-/// all, not two per node). Node `n`'s edges are `edge_byte/edge_child[edge_start[n]..
-/// edge_start[n + 1]]`, sorted by byte; the globs whose prefix ends at `n` (indices into
-/// `PolicyTable::globs`, ascending, so in precedence order) are
-/// `globs[glob_start[n]..glob_start[n + 1]]`.
-#[derive(Debug)]
-struct PrefixTrie {
-    edge_start: Box<[usize]>,
-    edge_byte: Box<[u8]>,
-    edge_child: Box<[usize]>,
-    glob_start: Box<[usize]>,
-    globs: Box<[usize]>,
-}
-
-impl PrefixTrie {
-    fn build<'a>(prefixes: impl Iterator<Item = &'a [u8]>) -> Self {
-        // Built with a vector per node, then laid flat; node numbers stay as built.
-        #[derive(Default)]
-        struct Node {
-            children: Vec<(u8, usize)>,
-            globs: Vec<usize>,
-        }
-        let mut nodes = vec![Node::default()];
-        for (glob, prefix) in prefixes.enumerate() {
-            let mut node = 0;
-            for &b in prefix {
-                let children = &nodes[node].children;
-                node = match children.binary_search_by_key(&b, |&(c, _)| c) {
-                    Ok(i) => children[i].1,
-                    Err(at) => {
-                        let next = nodes.len();
-                        nodes[node].children.insert(at, (b, next));
-                        nodes.push(Node::default());
-                        next
-                    }
-                };
-            }
-            nodes[node].globs.push(glob);
-        }
-        let edges: usize = nodes.iter().map(|n| n.children.len()).sum();
-        let globs: usize = nodes.iter().map(|n| n.globs.len()).sum();
-        let mut edge_start = Vec::with_capacity(nodes.len() + 1);
-        let mut edge_byte = Vec::with_capacity(edges);
-        let mut edge_child = Vec::with_capacity(edges);
-        let mut glob_start = Vec::with_capacity(nodes.len() + 1);
-        let mut flat_globs = Vec::with_capacity(globs);
-        for node in nodes {
-            edge_start.push(edge_byte.len());
-            glob_start.push(flat_globs.len());
-            for (b, child) in node.children {
-                edge_byte.push(b);
-                edge_child.push(child);
-            }
-            flat_globs.extend(node.globs);
-        }
-        edge_start.push(edge_byte.len());
-        glob_start.push(flat_globs.len());
-        PrefixTrie {
-            edge_start: edge_start.into(),
-            edge_byte: edge_byte.into(),
-            edge_child: edge_child.into(),
-            glob_start: glob_start.into(),
-            globs: flat_globs.into(),
-        }
-    }
-
-    fn child(&self, node: usize, b: u8) -> Option<usize> {
-        let (from, to) = (self.edge_start[node], self.edge_start[node + 1]);
-        let i = self.edge_byte[from..to].binary_search(&b).ok()?;
-        Some(self.edge_child[from + i])
-    }
-
-    /// The globs whose literal prefix ends at `node`, in precedence order.
-    fn globs_at(&self, node: usize) -> &[usize] {
-        &self.globs[self.glob_start[node]..self.glob_start[node + 1]]
-    }
-}
-
-impl PolicyTable {
-    /// Indexes a document the caller keeps (its policies are copied).
-    pub fn new(doc: &CompiledDocument) -> Self {
-        Self::from_document(doc.clone())
-    }
-
-    /// Indexes a document, taking its names, patterns and parameters instead of copying
-    /// them: a reload of 10,000 policies then allocates and frees half as much.
-    pub fn from_document(doc: CompiledDocument) -> Self {
-        // Sized once for the exact names instead of grown.
-        let exact_names = doc
-            .policies
-            .iter()
-            .flat_map(|p| &p.queues)
-            .filter(|q| !q.contains('*'))
-            .count();
-        let mut exact = HashMap::with_capacity(exact_names);
-        let mut globs = Vec::new();
-        let mut entries = Vec::with_capacity(doc.policies.len());
-        for (index, p) in doc.policies.into_iter().enumerate() {
-            let identity = p.identity();
-            for q in p.queues {
-                if q.contains('*') {
-                    globs.push((q, index));
-                } else {
-                    exact.entry(q).or_insert(index);
-                }
-            }
-            entries.push(TableEntry {
-                policy: PreparedPolicy::new(identity, p.params),
-                name: p.name,
-                namespace: p.namespace,
-                generation: p.generation,
-            });
-        }
-        // Most specific first; on equal specificity the earlier policy (the document is in
-        // precedence order). Keys are computed once per pattern, not once per comparison.
-        globs.sort_by_cached_key(|(pattern, index)| {
-            (std::cmp::Reverse(Specificity::of(pattern)), *index)
-        });
-        let globs: Vec<(Glob, usize)> = globs
-            .into_iter()
-            .map(|(pattern, index)| (Glob::new(&pattern), index))
-            .collect();
-        let prefixes = PrefixTrie::build(globs.iter().map(|(g, _)| g.literal_prefix()));
-        Self {
-            hash: doc.hash,
-            entries,
-            exact,
-            globs,
-            prefixes,
-        }
-    }
-
-    /// The policy that governs `queue`: an exact name first, then the most specific glob.
-    pub fn lookup(&self, queue: &str) -> Option<&TableEntry> {
-        self.lookup_counting(queue, &mut 0)
-    }
-
-    /// [`PolicyTable::lookup`], adding the matching work done (trie levels walked plus
-    /// glob byte steps) to `steps`, so tests can bound it without timing.
-    pub fn lookup_counting(&self, queue: &str, steps: &mut u64) -> Option<&TableEntry> {
-        *steps += 1;
-        let index = match self.exact.get(queue) {
-            Some(&i) => i,
-            None => self.glob_lookup(queue, steps)?,
-        };
-        self.entries.get(index)
-    }
-
-    fn glob_lookup(&self, queue: &str, steps: &mut u64) -> Option<usize> {
-        // The trie is at most MAX_NAME_LEN deep; the path holds the root and one node per level.
-        let mut path = [0usize; pattern::MAX_NAME_LEN + 1];
-        let mut depth = 0;
-        for &b in queue.as_bytes() {
-            *steps += 1;
-            match self.prefixes.child(path[depth], b) {
-                Some(next) if depth < pattern::MAX_NAME_LEN => {
-                    depth += 1;
-                    path[depth] = next;
-                }
-                _ => break,
-            }
-        }
-        // Longer literal prefixes are more specific, so deeper nodes come first.
-        path[..=depth].iter().rev().find_map(|&node| {
-            self.prefixes.globs_at(node).iter().find_map(|&g| {
-                let (glob, entry) = &self.globs[g];
-                glob.matches_counting(queue, steps).then_some(*entry)
-            })
-        })
-    }
-
-    pub fn hash(&self) -> &str {
-        &self.hash
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }

@@ -11,6 +11,7 @@
 pub mod compiled;
 pub mod contention;
 pub mod decide;
+pub mod digest;
 pub mod duration;
 pub mod limits;
 pub mod manifest;

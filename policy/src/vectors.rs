@@ -7,9 +7,13 @@
 //! other languages replay it to prove their local fallback gives the sidecar's answers.
 //! `policy/testdata/README.md` describes the format and the algorithm.
 //!
+//! [`assign`] does the same for the rollout assignment (`policy/testdata/assign-vectors.json`,
+//! same generator).
+//!
 //! The module is behind the `vectors` feature: only the generator, the drift test and the
 //! tests that replay the file need it, not the shipped binaries.
 
+pub mod assign;
 mod cases;
 mod format;
 

@@ -41,6 +41,7 @@ fn hostile_document() -> CompiledDocument {
             generation: 1,
             queues: hostile_patterns(i),
             params: params(hostile_patterns(i)),
+            rollout: None,
         })
         .collect();
     CompiledDocument::new("ns", policies)
@@ -113,6 +114,7 @@ fn prefix_index_tries_only_globs_whose_prefix_the_queue_has() {
             generation: 1,
             queues: (0..60).map(|j| format!("team{i}.svc{j}.*")).collect(),
             params: params(vec![]),
+            rollout: None,
         })
         .collect();
     let table = PolicyTable::new(&CompiledDocument::new("ns", policies));

@@ -59,6 +59,11 @@ struct Args {
     /// 900 KiB (`binaryData`, which the kubelet projects as the raw bytes).
     #[arg(long)]
     compressed: bool,
+    /// Every policy in rollout (a second revision, one 50 % step started an hour ago), for
+    /// the cost of a rollout on the Decide path: compare the decision/baseline p50 ratio
+    /// with a run without it.
+    #[arg(long)]
+    rollout: bool,
     /// Extra arguments for the sidecar (e.g. --worker-threads=2).
     #[arg(long, allow_hyphen_values = true)]
     sidecar_arg: Vec<String>,
@@ -88,13 +93,14 @@ async fn run(args: Args) -> Result<()> {
     let mount = dir.join("policies");
     let socket = dir.join("rebound.sock");
     let writer = AtomicWriter::new(&mount);
-    let doc_a = testkit::document("bench", args.policies, 0);
+    let doc_a = table(&args, 0);
     let bytes_a = doc_a.to_json();
     let stored_a = stored(&bytes_a, args.compressed);
     writer.write(&[("policies.json", &stored_a[..])])?;
     println!(
-        "table: {} policies, {} queues + {} patterns, document {:.1} MiB{}",
+        "table: {} policies{}, {} queues + {} patterns, document {:.1} MiB{}",
         args.policies,
+        if args.rollout { " all in rollout" } else { "" },
         args.policies,
         args.policies,
         bytes_a.len() as f64 / (1024.0 * 1024.0),
@@ -256,6 +262,18 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The generated table, in rollout with `--rollout`.
+fn table(args: &Args, salt: i64) -> rebound_policy::CompiledDocument {
+    let doc = testkit::document("bench", args.policies, salt);
+    if !args.rollout {
+        return doc;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    testkit::in_rollout(doc, now.saturating_sub(3_600_000))
+}
+
 /// The bytes of the mounted file: the JSON, or the JSON gzip'd as the operator stores it.
 fn stored(json: &str, compressed: bool) -> Vec<u8> {
     if !compressed {
@@ -415,7 +433,7 @@ async fn reload(
     let (mut inside, mut visible) = (Vec::new(), Vec::new());
     let mut i = 0usize;
     for round in 0..reloads {
-        let doc = testkit::document("bench", policies, 1 + round as i64);
+        let doc = table(args, 1 + round as i64);
         let bytes = stored(&doc.to_json(), args.compressed);
         let swapped = Instant::now();
         writer.write(&[("policies.json", &bytes[..])])?;

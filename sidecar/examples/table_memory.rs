@@ -1,9 +1,10 @@
 //! The heap a policy table holds, counted by the allocator itself (no RSS noise): the
 //! generated table of `load` (`--policies`, default 10,000: a queue, a queue glob and, for
 //! half of them, two error classes each), the table as the sidecar builds it on a
-//! reload, and the part of it that is the prepared globs. A program that prints figures.
+//! reload, and the part of it that is the prepared globs. With `--rollout`, every policy
+//! is in rollout (two revisions each). A program that prints figures.
 //!
-//! cargo run --release -p rebound-sidecar --features testkit --example table_memory
+//! cargo run --release -p rebound-sidecar --features testkit --example table_memory [-- --rollout]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -55,7 +56,14 @@ fn main() -> Result<()> {
         .map(|n| n.parse())
         .transpose()?
         .unwrap_or(10_000);
-    let json = testkit::document("load", policies, 0).to_json();
+    let rollout = std::env::args().any(|a| a == "--rollout");
+    let doc = testkit::document("load", policies, 0);
+    let doc = if rollout {
+        testkit::in_rollout(doc, 1_800_000_000_000)
+    } else {
+        doc
+    };
+    let json = doc.to_json();
 
     let before = held();
     let table = PolicyTable::from_document(CompiledDocument::from_json(json.as_bytes())?);
@@ -73,8 +81,9 @@ fn main() -> Result<()> {
     let glob_bytes = held() - before;
 
     println!(
-        "{policies} policies, document {:.2} MiB: table {:.2} MiB ({:.0} B a policy); \
+        "{policies} policies{}, document {:.2} MiB: table {:.2} MiB ({:.0} B a policy); \
          its {} globs prepared alone {:.2} MiB ({:.0} B a glob)",
+        if rollout { " all in rollout" } else { "" },
         mib(json.len() as isize),
         mib(table_bytes),
         table_bytes as f64 / policies.max(1) as f64,

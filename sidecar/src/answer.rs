@@ -6,8 +6,7 @@
 
 use rebound_policy::{
     CompiledDocument, Context, Decision, Disposition, GiveUpReason, PolicyTable, ResolvedPolicy,
-    compiled::TableEntry,
-    decide,
+    compiled::{RolloutEntry, TableEntry},
     retry_budget::Ask,
     spec::{JitterKind, Strategy},
 };
@@ -278,8 +277,9 @@ pub fn context<'a>(q: &Question<'a>, now_ms: u64) -> Context<'a> {
     }
 }
 
-/// Answers one request with the policy that governs its queue, and counts the decision
-/// in the policy's series.
+/// Answers one request with the policy that governs its queue — with the revision that
+/// answers the job while the policy rolls out — and counts the decision in the policy's
+/// series.
 pub fn decide_one(
     cfg: &Snapshot,
     req: &wire::DecideRequest,
@@ -288,8 +288,8 @@ pub fn decide_one(
     let q = check_request(req, now_ms)?;
     let entry = lookup(cfg, q.queue)?;
     let identity = entry.policy.identity();
-    let decision = decide(&entry.policy, q.attempt, &context(&q, now_ms));
-    let params = entry.policy.params();
+    let (decision, selected) = entry.decide(q.attempt, &context(&q, now_ms));
+    let params = selected.policy.params();
     // Whether the caller's Retry-After decided the delay, as `decide` applies it.
     let pushed_back = match (&decision, q.retry_after_ms) {
         (Decision::Retry { delay_ms }, Some(pushback)) => {
@@ -297,12 +297,15 @@ pub fn decide_one(
         }
         _ => false,
     };
-    let budgeted = match (params.retry_budget, &decision) {
+    // A policy's budget paces what its queue calls, whichever revision answers: the
+    // scheduler is the stable revision's, and a changed budget applies on promotion.
+    let budgeted = match (entry.policy.params().retry_budget, &decision) {
         (Some(_), Decision::Retry { .. }) => cfg.budgets.get(identity),
         _ => None,
     };
     let Some(budget) = budgeted else {
-        let (response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
+        let (mut response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
+        response.revision = selected.revision.to_owned();
         cfg.decisions.count(identity, reason, response.delay_ms);
         return Ok((response, reason));
     };
@@ -316,6 +319,7 @@ pub fn decide_one(
     let answer = budget.apply(params, decision, &ask);
     let (mut response, mut reason) =
         to_response(answer.decision, policy_ref(cfg, entry), pushed_back);
+    response.revision = selected.revision.to_owned();
     response.budget_stretched = answer.stretched;
     response.budget_delay_ms = answer.added_ms;
     if response.decision == i32::from(pb::Decision::Retry) {
@@ -444,7 +448,26 @@ pub fn get_policy(
         budget_scope,
         // Set by the service, which knows the source.
         config_source: None,
+        rollout: entry.rollout.as_deref().map(rollout_to_wire),
     })
+}
+
+/// The wire form of a policy's rollout: the new revision and the steps started so far.
+pub fn rollout_to_wire(r: &RolloutEntry) -> pb::Rollout {
+    pb::Rollout {
+        revision: r.exposure.revision().to_owned(),
+        stable_revision: r.stable_revision.clone(),
+        canary: Some(resolved_to_wire(r.canary.params())),
+        steps: r
+            .exposure
+            .steps()
+            .iter()
+            .map(|s| pb::RolloutStep {
+                weight: s.weight,
+                start_unix_ms: s.start_unix_ms,
+            })
+            .collect(),
+    }
 }
 
 /// The wire form of a budget's scope.
@@ -523,6 +546,7 @@ mod tests {
                 generation: 1,
                 queues: spec.queues.clone(),
                 params,
+                rollout: None,
             }],
         );
         let cfg = Snapshot::new(&doc);
@@ -585,6 +609,7 @@ mod tests {
                 generation: 4,
                 queues: spec.queues.clone(),
                 params,
+                rollout: None,
             }],
         );
         Snapshot::new(&doc)
@@ -606,6 +631,9 @@ mod tests {
         let policy = r.policy.expect("policy");
         assert_eq!((policy.name.as_str(), policy.generation), ("p", 4));
         assert_eq!(policy.config_hash, cfg.hash);
+        assert_eq!(r.revision, "", "not in rollout: no revision");
+        let got = get_policy(&cfg, &wire::GetPolicyRequest { queue: "q".into() }).expect("policy");
+        assert_eq!(got.rollout, None);
         let (r, outcome) = decide_one(&cfg, &req("q", 3), 0).expect("answer");
         assert_eq!(outcome, Reason::MaxAttempts);
         assert_eq!(r.disposition(), pb::Disposition::Drop);

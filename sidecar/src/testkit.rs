@@ -99,6 +99,34 @@ pub fn document(namespace: &str, n: usize, salt: i64) -> CompiledDocument {
     compile(namespace, sources).document
 }
 
+/// `doc` with every policy in rollout: the new revision allows one more attempt, and one
+/// step of weight 50 started at `started_unix_ms`. For the benchmarks' rollout figures.
+pub fn in_rollout(doc: CompiledDocument, started_unix_ms: u64) -> CompiledDocument {
+    use rebound_policy::{
+        compiled::CompiledRollout,
+        rollout::assign::{Step, revision_id},
+    };
+    let policies = doc
+        .policies
+        .into_iter()
+        .map(|mut p| {
+            let mut canary = p.params.clone();
+            canary.max_attempts += 1;
+            p.rollout = Some(CompiledRollout {
+                revision: revision_id(&canary),
+                stable_revision: revision_id(&p.params),
+                canary,
+                steps: vec![Step {
+                    weight: 50,
+                    start_unix_ms: started_unix_ms,
+                }],
+            });
+            p
+        })
+        .collect();
+    CompiledDocument::new(doc.namespace, policies)
+}
+
 /// Reproduces kubelet's atomic writer for a ConfigMap volume mounted at `dir`:
 /// files go into a fresh `..<timestamp>` directory, a `..data_tmp` symlink to it is renamed
 /// over `..data`, each key is a symlink through `..data`, and the old directory is removed.

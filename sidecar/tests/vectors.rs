@@ -43,6 +43,7 @@ fn document(file: &VectorFile) -> CompiledDocument {
             uid: String::new(),
             generation: 1,
             params,
+            rollout: None,
         })
         .collect();
     // Through the reader, as a sidecar loads any document.

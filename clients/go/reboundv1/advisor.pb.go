@@ -532,8 +532,13 @@ type DecideResponse struct {
 	// since the Unix epoch by the sidecar's clock (its now + delay_ms), the time the budget
 	// counts it in; 0 otherwise.
 	BudgetRetryAtUnixMs uint64 `protobuf:"varint,10,opt,name=budget_retry_at_unix_ms,json=budgetRetryAtUnixMs,proto3" json:"budget_retry_at_unix_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// While a change of the policy rolls out: the id ("sha256:<hex>") of the revision that
+	// answered, the new one (GetPolicyResponse.rollout.revision) or the stable one
+	// (rollout.stable_revision). Every attempt of a job gets the same revision; a request
+	// without job_id gets the stable one. "" when the policy is not in rollout.
+	Revision      string `protobuf:"bytes,11,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DecideResponse) Reset() {
@@ -634,6 +639,13 @@ func (x *DecideResponse) GetBudgetRetryAtUnixMs() uint64 {
 		return x.BudgetRetryAtUnixMs
 	}
 	return 0
+}
+
+func (x *DecideResponse) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
 }
 
 // Many failures at once.
@@ -1064,7 +1076,11 @@ type GetPolicyResponse struct {
 	// Set only for a policy with a retry budget: over what this sidecar enforces it.
 	BudgetScope *BudgetScope `protobuf:"bytes,3,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
 	// Whether the sidecar sees changes to its configuration, and which one it serves.
-	ConfigSource  *ConfigSource `protobuf:"bytes,4,opt,name=config_source,json=configSource,proto3" json:"config_source,omitempty"`
+	ConfigSource *ConfigSource `protobuf:"bytes,4,opt,name=config_source,json=configSource,proto3" json:"config_source,omitempty"`
+	// Set only while a change of the policy rolls out: `resolved` is then the stable
+	// revision, and this the new one with the steps started so far, so a local fallback can
+	// assign jobs as the sidecar does (policy/testdata/README.md, "Rollout assignment vectors").
+	Rollout       *Rollout `protobuf:"bytes,5,opt,name=rollout,proto3" json:"rollout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1127,6 +1143,143 @@ func (x *GetPolicyResponse) GetConfigSource() *ConfigSource {
 	return nil
 }
 
+func (x *GetPolicyResponse) GetRollout() *Rollout {
+	if x != nil {
+		return x.Rollout
+	}
+	return nil
+}
+
+// A change of a policy being rolled out: which jobs get the new revision.
+type Rollout struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new revision's id ("sha256:<hex>"); it salts the assignment hash.
+	Revision string `protobuf:"bytes,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The id of the revision `resolved` holds.
+	StableRevision string `protobuf:"bytes,2,opt,name=stable_revision,json=stableRevision,proto3" json:"stable_revision,omitempty"`
+	// The new revision's parameters.
+	Canary *ResolvedPolicy `protobuf:"bytes,3,opt,name=canary,proto3" json:"canary,omitempty"`
+	// The steps started so far, in order (possibly none): weights increasing, starts
+	// non-decreasing. A job gets the new revision when its bucket is below the weight of the
+	// last step started at or before its first failure.
+	Steps         []*RolloutStep `protobuf:"bytes,4,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rollout) Reset() {
+	*x = Rollout{}
+	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rollout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rollout) ProtoMessage() {}
+
+func (x *Rollout) ProtoReflect() protoreflect.Message {
+	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
+func (*Rollout) Descriptor() ([]byte, []int) {
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Rollout) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *Rollout) GetStableRevision() string {
+	if x != nil {
+		return x.StableRevision
+	}
+	return ""
+}
+
+func (x *Rollout) GetCanary() *ResolvedPolicy {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
+func (x *Rollout) GetSteps() []*RolloutStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// One started step of a rollout.
+type RolloutStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Percent of newly failing jobs on the new revision, 1..99.
+	Weight uint32 `protobuf:"varint,1,opt,name=weight,proto3" json:"weight,omitempty"`
+	// When the step started, ms since the Unix epoch.
+	StartUnixMs   uint64 `protobuf:"varint,2,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutStep) Reset() {
+	*x = RolloutStep{}
+	mi := &file_rebound_v1_advisor_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutStep) ProtoMessage() {}
+
+func (x *RolloutStep) ProtoReflect() protoreflect.Message {
+	mi := &file_rebound_v1_advisor_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
+func (*RolloutStep) Descriptor() ([]byte, []int) {
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RolloutStep) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStartUnixMs() uint64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
 // The configuration source (watch mode: the ConfigMap through the API server; file mode:
 // the mounted file, always connected). While disconnected the sidecar keeps answering from
 // the last good configuration, but does not see edits.
@@ -1143,7 +1296,7 @@ type ConfigSource struct {
 
 func (x *ConfigSource) Reset() {
 	*x = ConfigSource{}
-	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	mi := &file_rebound_v1_advisor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1308,7 @@ func (x *ConfigSource) String() string {
 func (*ConfigSource) ProtoMessage() {}
 
 func (x *ConfigSource) ProtoReflect() protoreflect.Message {
-	mi := &file_rebound_v1_advisor_proto_msgTypes[10]
+	mi := &file_rebound_v1_advisor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1321,7 @@ func (x *ConfigSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigSource.ProtoReflect.Descriptor instead.
 func (*ConfigSource) Descriptor() ([]byte, []int) {
-	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{10}
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ConfigSource) GetConnected() bool {
@@ -1213,7 +1366,7 @@ type BudgetScope struct {
 
 func (x *BudgetScope) Reset() {
 	*x = BudgetScope{}
-	mi := &file_rebound_v1_advisor_proto_msgTypes[11]
+	mi := &file_rebound_v1_advisor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1378,7 @@ func (x *BudgetScope) String() string {
 func (*BudgetScope) ProtoMessage() {}
 
 func (x *BudgetScope) ProtoReflect() protoreflect.Message {
-	mi := &file_rebound_v1_advisor_proto_msgTypes[11]
+	mi := &file_rebound_v1_advisor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1391,7 @@ func (x *BudgetScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetScope.ProtoReflect.Descriptor instead.
 func (*BudgetScope) Descriptor() ([]byte, []int) {
-	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{11}
+	return file_rebound_v1_advisor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BudgetScope) GetPerPod() bool {
@@ -1290,7 +1443,7 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x03R\n" +
 	"generation\x12\x1f\n" +
 	"\vconfig_hash\x18\x04 \x01(\tR\n" +
-	"configHash\"\xd5\x03\n" +
+	"configHash\"\xf1\x03\n" +
 	"\x0eDecideResponse\x120\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x14.rebound.v1.DecisionR\bdecision\x12\x19\n" +
 	"\bdelay_ms\x18\x02 \x01(\x04R\adelayMs\x129\n" +
@@ -1302,7 +1455,8 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"\x10budget_stretched\x18\b \x01(\bR\x0fbudgetStretched\x12&\n" +
 	"\x0fbudget_delay_ms\x18\t \x01(\x04R\rbudgetDelayMs\x124\n" +
 	"\x17budget_retry_at_unix_ms\x18\n" +
-	" \x01(\x04R\x13budgetRetryAtUnixMs\"K\n" +
+	" \x01(\x04R\x13budgetRetryAtUnixMs\x12\x1a\n" +
+	"\brevision\x18\v \x01(\tR\brevision\"K\n" +
 	"\x12DecideBatchRequest\x125\n" +
 	"\brequests\x18\x01 \x03(\v2\x19.rebound.v1.DecideRequestR\brequests\"9\n" +
 	"\tItemError\x12\x12\n" +
@@ -1332,12 +1486,21 @@ const file_rebound_v1_advisor_proto_rawDesc = "" +
 	"\x14non_retryable_errors\x18\n" +
 	" \x03(\tR\x12nonRetryableErrors\x123\n" +
 	"\bterminal\x18\v \x01(\x0e2\x17.rebound.v1.DispositionR\bterminal\x12*\n" +
-	"\x11dead_letter_queue\x18\f \x01(\tR\x0fdeadLetterQueue\"\xf5\x01\n" +
+	"\x11dead_letter_queue\x18\f \x01(\tR\x0fdeadLetterQueue\"\xa4\x02\n" +
 	"\x11GetPolicyResponse\x12-\n" +
 	"\x06policy\x18\x01 \x01(\v2\x15.rebound.v1.PolicyRefR\x06policy\x126\n" +
 	"\bresolved\x18\x02 \x01(\v2\x1a.rebound.v1.ResolvedPolicyR\bresolved\x12:\n" +
 	"\fbudget_scope\x18\x03 \x01(\v2\x17.rebound.v1.BudgetScopeR\vbudgetScope\x12=\n" +
-	"\rconfig_source\x18\x04 \x01(\v2\x18.rebound.v1.ConfigSourceR\fconfigSource\"\x8a\x01\n" +
+	"\rconfig_source\x18\x04 \x01(\v2\x18.rebound.v1.ConfigSourceR\fconfigSource\x12-\n" +
+	"\arollout\x18\x05 \x01(\v2\x13.rebound.v1.RolloutR\arollout\"\xb1\x01\n" +
+	"\aRollout\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\tR\brevision\x12'\n" +
+	"\x0fstable_revision\x18\x02 \x01(\tR\x0estableRevision\x122\n" +
+	"\x06canary\x18\x03 \x01(\v2\x1a.rebound.v1.ResolvedPolicyR\x06canary\x12-\n" +
+	"\x05steps\x18\x04 \x03(\v2\x17.rebound.v1.RolloutStepR\x05steps\"I\n" +
+	"\vRolloutStep\x12\x16\n" +
+	"\x06weight\x18\x01 \x01(\rR\x06weight\x12\"\n" +
+	"\rstart_unix_ms\x18\x02 \x01(\x04R\vstartUnixMs\"\x8a\x01\n" +
 	"\fConfigSource\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12;\n" +
 	"\x1adisconnected_since_unix_ms\x18\x02 \x01(\x04R\x17disconnectedSinceUnixMs\x12\x1f\n" +
@@ -1393,7 +1556,7 @@ func file_rebound_v1_advisor_proto_rawDescGZIP() []byte {
 }
 
 var file_rebound_v1_advisor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_rebound_v1_advisor_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_rebound_v1_advisor_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_rebound_v1_advisor_proto_goTypes = []any{
 	(Decision)(0),               // 0: rebound.v1.Decision
 	(Disposition)(0),            // 1: rebound.v1.Disposition
@@ -1410,8 +1573,10 @@ var file_rebound_v1_advisor_proto_goTypes = []any{
 	(*GetPolicyRequest)(nil),    // 12: rebound.v1.GetPolicyRequest
 	(*ResolvedPolicy)(nil),      // 13: rebound.v1.ResolvedPolicy
 	(*GetPolicyResponse)(nil),   // 14: rebound.v1.GetPolicyResponse
-	(*ConfigSource)(nil),        // 15: rebound.v1.ConfigSource
-	(*BudgetScope)(nil),         // 16: rebound.v1.BudgetScope
+	(*Rollout)(nil),             // 15: rebound.v1.Rollout
+	(*RolloutStep)(nil),         // 16: rebound.v1.RolloutStep
+	(*ConfigSource)(nil),        // 17: rebound.v1.ConfigSource
+	(*BudgetScope)(nil),         // 18: rebound.v1.BudgetScope
 }
 var file_rebound_v1_advisor_proto_depIdxs = []int32{
 	0,  // 0: rebound.v1.DecideResponse.decision:type_name -> rebound.v1.Decision
@@ -1427,19 +1592,22 @@ var file_rebound_v1_advisor_proto_depIdxs = []int32{
 	1,  // 10: rebound.v1.ResolvedPolicy.terminal:type_name -> rebound.v1.Disposition
 	6,  // 11: rebound.v1.GetPolicyResponse.policy:type_name -> rebound.v1.PolicyRef
 	13, // 12: rebound.v1.GetPolicyResponse.resolved:type_name -> rebound.v1.ResolvedPolicy
-	16, // 13: rebound.v1.GetPolicyResponse.budget_scope:type_name -> rebound.v1.BudgetScope
-	15, // 14: rebound.v1.GetPolicyResponse.config_source:type_name -> rebound.v1.ConfigSource
-	5,  // 15: rebound.v1.RetryAdvisor.Decide:input_type -> rebound.v1.DecideRequest
-	8,  // 16: rebound.v1.RetryAdvisor.DecideBatch:input_type -> rebound.v1.DecideBatchRequest
-	12, // 17: rebound.v1.RetryAdvisor.GetPolicy:input_type -> rebound.v1.GetPolicyRequest
-	7,  // 18: rebound.v1.RetryAdvisor.Decide:output_type -> rebound.v1.DecideResponse
-	11, // 19: rebound.v1.RetryAdvisor.DecideBatch:output_type -> rebound.v1.DecideBatchResponse
-	14, // 20: rebound.v1.RetryAdvisor.GetPolicy:output_type -> rebound.v1.GetPolicyResponse
-	18, // [18:21] is the sub-list for method output_type
-	15, // [15:18] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	18, // 13: rebound.v1.GetPolicyResponse.budget_scope:type_name -> rebound.v1.BudgetScope
+	17, // 14: rebound.v1.GetPolicyResponse.config_source:type_name -> rebound.v1.ConfigSource
+	15, // 15: rebound.v1.GetPolicyResponse.rollout:type_name -> rebound.v1.Rollout
+	13, // 16: rebound.v1.Rollout.canary:type_name -> rebound.v1.ResolvedPolicy
+	16, // 17: rebound.v1.Rollout.steps:type_name -> rebound.v1.RolloutStep
+	5,  // 18: rebound.v1.RetryAdvisor.Decide:input_type -> rebound.v1.DecideRequest
+	8,  // 19: rebound.v1.RetryAdvisor.DecideBatch:input_type -> rebound.v1.DecideBatchRequest
+	12, // 20: rebound.v1.RetryAdvisor.GetPolicy:input_type -> rebound.v1.GetPolicyRequest
+	7,  // 21: rebound.v1.RetryAdvisor.Decide:output_type -> rebound.v1.DecideResponse
+	11, // 22: rebound.v1.RetryAdvisor.DecideBatch:output_type -> rebound.v1.DecideBatchResponse
+	14, // 23: rebound.v1.RetryAdvisor.GetPolicy:output_type -> rebound.v1.GetPolicyResponse
+	21, // [21:24] is the sub-list for method output_type
+	18, // [18:21] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_rebound_v1_advisor_proto_init() }
@@ -1457,7 +1625,7 @@ func file_rebound_v1_advisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rebound_v1_advisor_proto_rawDesc), len(file_rebound_v1_advisor_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

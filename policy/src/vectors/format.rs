@@ -350,7 +350,8 @@ impl VectorFile {
     }
 }
 
-mod opt_u64_string {
+/// An optional `u64` as a decimal string (proto3 JSON), for fields that may pass 2^53.
+pub(super) mod opt_u64_string {
     use super::*;
 
     pub fn serialize<S: Serializer>(value: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
@@ -364,5 +365,20 @@ mod opt_u64_string {
         let text = Option::<String>::deserialize(d)?;
         text.map(|t| t.parse().map_err(serde::de::Error::custom))
             .transpose()
+    }
+}
+
+/// A `u64` as a decimal string (proto3 JSON).
+pub(super) mod u64_string {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&value.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }

@@ -26,17 +26,25 @@ fn exercise(doc: &CompiledDocument) {
     let loaded = answer::Snapshot::new(doc);
     for policy in &doc.policies {
         for queue in &policy.queues {
-            for attempt in [1, 2, policy.params.max_attempts, u32::MAX] {
-                let name = queue.replace('*', "x");
-                let req = wire::DecideRequest {
-                    queue: name.clone().into_bytes(),
-                    attempt,
-                    job_id: b"job".to_vec(),
-                    ..Default::default()
-                };
-                if let Ok((response, _)) = answer::decide_one(&loaded, &req, 0) {
-                    let entry = loaded.table.lookup(&name).expect("answered, so governed");
-                    assert!(response.delay_ms <= entry.policy.params().cap_ms);
+            // At 0 no rollout step has started; a day past 2027-01-15 the seeds' have.
+            for now in [0, 1_800_086_400_000] {
+                for attempt in [1, 2, policy.params.max_attempts, u32::MAX] {
+                    let name = queue.replace('*', "x");
+                    let req = wire::DecideRequest {
+                        queue: name.clone().into_bytes(),
+                        attempt,
+                        job_id: b"job".to_vec(),
+                        ..Default::default()
+                    };
+                    if let Ok((response, _)) = answer::decide_one(&loaded, &req, now) {
+                        let entry = loaded.table.lookup(&name).expect("answered, so governed");
+                        // Bounded by the cap of the revision that says it answered.
+                        let answered = match &entry.rollout {
+                            Some(r) if response.revision == r.exposure.revision() => &r.canary,
+                            _ => &entry.policy,
+                        };
+                        assert!(response.delay_ms <= answered.params().cap_ms);
+                    }
                 }
             }
         }

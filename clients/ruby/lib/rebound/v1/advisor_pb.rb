@@ -30,6 +30,7 @@ Google::Protobuf::DescriptorPool.generated_pool.build do
       optional :budget_stretched, :bool, 8
       optional :budget_delay_ms, :uint64, 9
       optional :budget_retry_at_unix_ms, :uint64, 10
+      optional :revision, :string, 11
     end
     add_message "rebound.v1.DecideBatchRequest" do
       repeated :requests, :message, 1, "rebound.v1.DecideRequest"
@@ -69,6 +70,17 @@ Google::Protobuf::DescriptorPool.generated_pool.build do
       optional :resolved, :message, 2, "rebound.v1.ResolvedPolicy"
       optional :budget_scope, :message, 3, "rebound.v1.BudgetScope"
       optional :config_source, :message, 4, "rebound.v1.ConfigSource"
+      optional :rollout, :message, 5, "rebound.v1.Rollout"
+    end
+    add_message "rebound.v1.Rollout" do
+      optional :revision, :string, 1
+      optional :stable_revision, :string, 2
+      optional :canary, :message, 3, "rebound.v1.ResolvedPolicy"
+      repeated :steps, :message, 4, "rebound.v1.RolloutStep"
+    end
+    add_message "rebound.v1.RolloutStep" do
+      optional :weight, :uint32, 1
+      optional :start_unix_ms, :uint64, 2
     end
     add_message "rebound.v1.ConfigSource" do
       optional :connected, :bool, 1
@@ -127,6 +139,8 @@ module Rebound
     GetPolicyRequest = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GetPolicyRequest").msgclass
     ResolvedPolicy = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.ResolvedPolicy").msgclass
     GetPolicyResponse = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.GetPolicyResponse").msgclass
+    Rollout = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.Rollout").msgclass
+    RolloutStep = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.RolloutStep").msgclass
     ConfigSource = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.ConfigSource").msgclass
     BudgetScope = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.BudgetScope").msgclass
     Decision = ::Google::Protobuf::DescriptorPool.generated_pool.lookup("rebound.v1.Decision").enummodule

@@ -1,5 +1,7 @@
 package rebound
 
+import "unicode/utf8"
+
 // A port of the policy crate's rollout assignment (policy/src/rollout/assign.rs): which
 // revision of a policy in rollout answers a job. The fallback must pick the revision the
 // sidecar picks, so it reproduces every case of policy/testdata/assign-vectors.json; the
@@ -58,9 +60,11 @@ func rolloutBucket(revision, jobID string) uint32 {
 // the weight of the last step started at or before its first failure. As in [Context],
 // zero values mean "not given": no jobID ("") gives ArmStable and no bucket; an unknown
 // first failure (0, as the protocol sends it) places the job by nowUnixMs. Malformed steps
-// give ArmStable. hasBucket is false exactly when there is no job id.
+// give ArmStable; a jobID or revision that is not valid UTF-8 counts as no job id.
+// hasBucket is false exactly when there is no job id.
 func Arm(revision string, steps []RolloutStep, jobID string, firstFailureUnixMs, nowUnixMs uint64) (arm RolloutArm, bucket uint32, hasBucket bool) {
-	if jobID == "" {
+	// Text that is not UTF-8 is no job id a sidecar accepts, and other ports cannot hash it.
+	if jobID == "" || !utf8.ValidString(jobID) || !utf8.ValidString(revision) {
 		return ArmStable, 0, false
 	}
 	bucket = rolloutBucket(revision, jobID)

@@ -146,6 +146,21 @@ func TestArmServesStableOnMalformedSteps(t *testing.T) {
 	}
 }
 
+// Text that is not UTF-8 counts as no job id, as in every adapter (JavaScript would hash a
+// lone surrogate as U+FFFD, Python cannot encode it).
+func TestArmTakesInvalidUTF8AsNoJobID(t *testing.T) {
+	const revision = "sha256:83403d689b2445ce65ae8dfbd8befab76e501eef99841c316a1883e9ca8b2b4c"
+	steps := []RolloutStep{{10, 1800000000000}}
+	for name, c := range map[string][2]string{
+		"job id":   {revision, "job-\xff"},
+		"revision": {"sha256:\xed\xa0\x80", "job-186587197682"},
+	} {
+		if arm, bucket, hasBucket := Arm(c[0], steps, c[1], 1800000600000, 1800086400000); arm != ArmStable || hasBucket {
+			t.Errorf("%s not UTF-8: %s bucket %d (%v), want STABLE and no bucket", name, arm, bucket, hasBucket)
+		}
+	}
+}
+
 // 0 is how the protocol sends an unknown first failure: the job is placed by now, as the
 // sidecar places it.
 func TestArmPlacesAnUnknownFirstFailureByNow(t *testing.T) {

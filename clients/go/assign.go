@@ -49,38 +49,55 @@ func wellFormed(steps []RolloutStep) bool {
 	return true
 }
 
-// rolloutBucket is a job id's bucket in 0..100 for a revision: the same job and revision
-// always give the same bucket.
-func rolloutBucket(revision, jobID string) uint32 {
-	return uint32(mix64(fnv1a64(jobID)^fnv1a64(revision)) % 100)
+// PreparedRollout is a rollout ready for repeated assignments: the revision's hash and the
+// check of its steps are done once, when GetPolicy's answer is loaded, not on every job.
+type PreparedRollout struct {
+	// salt is fnv1a64(revision); valid is false when revision is not UTF-8.
+	salt  uint64
+	valid bool
+	// steps is nil when they are malformed: every job then gets ArmStable.
+	steps []RolloutStep
+}
+
+// PrepareRollout prepares a rollout to revision (its id, which salts the hash) with the
+// steps started so far. steps is kept, not copied: do not change it afterwards.
+func PrepareRollout(revision string, steps []RolloutStep) *PreparedRollout {
+	r := &PreparedRollout{salt: fnv1a64(revision), valid: utf8.ValidString(revision)}
+	if wellFormed(steps) {
+		r.steps = steps
+	}
+	return r
 }
 
 // Arm is the revision that answers a job of a policy in rollout to revision (its id, which
-// salts the hash) with the steps started so far: ArmCanary iff the job's bucket is below
+// salts the hash) with the steps started so far: the one-shot form of
+// [PreparedRollout.Arm].
+func Arm(revision string, steps []RolloutStep, jobID string, firstFailureUnixMs, nowUnixMs uint64) (arm RolloutArm, bucket uint32, hasBucket bool) {
+	return PrepareRollout(revision, steps).Arm(jobID, firstFailureUnixMs, nowUnixMs)
+}
+
+// Arm is the revision that answers a job: ArmCanary iff the job's bucket (0..99) is below
 // the weight of the last step started at or before its first failure. As in [Context],
 // zero values mean "not given": no jobID ("") gives ArmStable and no bucket; an unknown
 // first failure (0, as the protocol sends it) places the job by nowUnixMs. Malformed steps
 // give ArmStable; a jobID or revision that is not valid UTF-8 counts as no job id.
 // hasBucket is false exactly when there is no job id.
-func Arm(revision string, steps []RolloutStep, jobID string, firstFailureUnixMs, nowUnixMs uint64) (arm RolloutArm, bucket uint32, hasBucket bool) {
+func (r *PreparedRollout) Arm(jobID string, firstFailureUnixMs, nowUnixMs uint64) (arm RolloutArm, bucket uint32, hasBucket bool) {
 	// Text that is not UTF-8 is no job id a sidecar accepts, and other ports cannot hash it.
-	if jobID == "" || !utf8.ValidString(jobID) || !utf8.ValidString(revision) {
+	if jobID == "" || !r.valid || !utf8.ValidString(jobID) {
 		return ArmStable, 0, false
 	}
-	bucket = rolloutBucket(revision, jobID)
-	if !wellFormed(steps) {
-		return ArmStable, bucket, true
-	}
+	bucket = uint32(mix64(fnv1a64(jobID)^r.salt) % 100)
 	t := firstFailureUnixMs
 	if t == 0 {
 		t = nowUnixMs
 	}
 	// Starts are non-decreasing, so the steps started by t are a prefix.
 	started := 0
-	for started < len(steps) && steps[started].StartUnixMs <= t {
+	for started < len(r.steps) && r.steps[started].StartUnixMs <= t {
 		started++
 	}
-	if started > 0 && bucket < steps[started-1].Weight {
+	if started > 0 && bucket < r.steps[started-1].Weight {
 		return ArmCanary, bucket, true
 	}
 	return ArmStable, bucket, true

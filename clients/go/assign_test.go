@@ -2,6 +2,7 @@ package rebound
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -83,6 +84,27 @@ func TestArmPassesEveryAssignVector(t *testing.T) {
 		case c.Expected.Bucket != nil && (!hasBucket || bucket != *c.Expected.Bucket):
 			t.Errorf("%s: bucket %d (%v), want %d", c.Name, bucket, hasBucket, *c.Expected.Bucket)
 		}
+	}
+}
+
+// A rollout prepared once answers every job of its cases as the one-shot form does (the
+// fallback prepares it when GetPolicy's answer is loaded).
+func TestPreparedRolloutAnswersLikeArm(t *testing.T) {
+	prepared := map[string]*PreparedRollout{}
+	for _, c := range loadAssignVectors(t) {
+		steps, jobID, first, now := c.args(t)
+		key := fmt.Sprint(c.Revision, steps)
+		if prepared[key] == nil {
+			prepared[key] = PrepareRollout(c.Revision, steps)
+		}
+		arm, bucket, hasBucket := prepared[key].Arm(jobID, first, now)
+		wantArm, wantBucket, wantHas := Arm(c.Revision, steps, jobID, first, now)
+		if arm != wantArm || bucket != wantBucket || hasBucket != wantHas {
+			t.Errorf("%s: prepared %s %d %v, one-shot %s %d %v", c.Name, arm, bucket, hasBucket, wantArm, wantBucket, wantHas)
+		}
+	}
+	if len(prepared) < 5 {
+		t.Fatalf("only %d rollouts prepared", len(prepared))
 	}
 }
 

@@ -59,11 +59,24 @@ function wellFormed(steps) {
 }
 
 /**
- * arm(revision, steps, jobId, firstFailureUnixMs, nowUnixMs): the revision that answers a
- * job of a policy in rollout to `revision` (its id, which salts the hash) with `steps`
- * started so far (`{weight, startUnixMs}`, as GetPolicy's rollout gives them).
+ * A rollout ready for repeated assignments: the revision's hash and the check of its steps
+ * done once, when GetPolicy's answer is loaded, not on every job. `revision` is the new
+ * revision's id (it salts the hash); `steps` the steps started so far (`{weight,
+ * startUnixMs}`, as GetPolicy's rollout gives them).
+ */
+class PreparedRollout {
+  constructor(revision, steps) {
+    /** `fnv1a64(revision)`, or null when it is not a valid string (every job then STABLE, no bucket). */
+    this.salt = isText(revision) ? fnv1a64(revision) : null;
+    /** `[weight, startBigInt]` pairs, or null when malformed (every job then STABLE). */
+    this.steps = wellFormed(steps);
+  }
+}
+
+/**
+ * armPrepared(prepared, jobId, firstFailureUnixMs, nowUnixMs): the revision that answers a
+ * job, `{arm: 'STABLE' | 'CANARY', bucket}`, the shape of the vectors' `expected`.
  *
- * Returns `{arm: 'STABLE' | 'CANARY', bucket}`, the shape of the vectors' `expected`:
  * `bucket` (0..99) is present exactly when there is a job id (a non-empty string). CANARY
  * iff the bucket is below the weight of the last step started at or before the job's first
  * failure; an unknown first failure (`undefined`, `null` or 0, as the protocol sends it)
@@ -71,20 +84,24 @@ function wellFormed(steps) {
  * input (steps, times, a non-string revision) gives STABLE, and an id that is not valid
  * Unicode (a lone surrogate) counts as no job id; it never throws.
  */
-function arm(revision, steps, jobId, firstFailureUnixMs, nowUnixMs) {
-  if (!isText(jobId) || jobId === '' || !isText(revision)) return { arm: STABLE };
-  const bucket = Number(mix64(fnv1a64(jobId) ^ fnv1a64(revision)) % 100n);
-  const started = wellFormed(steps);
+function armPrepared(prepared, jobId, firstFailureUnixMs, nowUnixMs) {
+  if (!isText(jobId) || jobId === '' || prepared.salt === null) return { arm: STABLE };
+  const bucket = Number(mix64(fnv1a64(jobId) ^ prepared.salt) % 100n);
   const first = firstFailureUnixMs === undefined || firstFailureUnixMs === null ? 0n : u64(firstFailureUnixMs);
   const t = first === 0n ? u64(nowUnixMs) : first;
-  if (started === null || t === null) return { arm: STABLE, bucket };
+  if (prepared.steps === null || t === null) return { arm: STABLE, bucket };
   let weight = 0;
   // Starts are non-decreasing, so the steps started by t are a prefix.
-  for (const [w, start] of started) {
+  for (const [w, start] of prepared.steps) {
     if (start > t) break;
     weight = w;
   }
   return { arm: bucket < weight ? CANARY : STABLE, bucket };
 }
 
-module.exports = { arm, STABLE, CANARY };
+/** One-shot form: `arm(revision, steps, jobId, firstFailureUnixMs, nowUnixMs)`. */
+function arm(revision, steps, jobId, firstFailureUnixMs, nowUnixMs) {
+  return armPrepared(new PreparedRollout(revision, steps), jobId, firstFailureUnixMs, nowUnixMs);
+}
+
+module.exports = { arm, armPrepared, PreparedRollout, STABLE, CANARY };

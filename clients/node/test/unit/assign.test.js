@@ -6,7 +6,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const { ASSIGN_VECTORS } = require('./helpers');
-const { arm } = require('../../lib/assign');
+const { arm, armPrepared, PreparedRollout } = require('../../lib/assign');
 const pkg = require('../..');
 
 const file = JSON.parse(fs.readFileSync(ASSIGN_VECTORS, 'utf8'));
@@ -37,6 +37,17 @@ test('every vector: arm gives the expected arm and bucket exactly', () => {
     }
   }
   assert.deepStrictEqual(failures.slice(0, 20), [], `${failures.length} of ${file.cases.length} cases differ`);
+});
+
+test('a rollout prepared once answers every job of its cases as the one-shot form does', () => {
+  const prepared = new Map();
+  for (const c of file.cases) {
+    const key = JSON.stringify([c.revision, c.steps]);
+    if (!prepared.has(key)) prepared.set(key, new PreparedRollout(c.revision, c.steps));
+    const first = c.firstFailureUnixMs === undefined ? undefined : BigInt(c.firstFailureUnixMs);
+    assert.deepStrictEqual(armPrepared(prepared.get(key), c.jobId, first, BigInt(c.nowUnixMs)), c.expected, c.name);
+  }
+  assert.ok(prepared.size >= 5, `only ${prepared.size} rollouts prepared`);
 });
 
 test('times as Numbers and decimal strings give the same answers as BigInts', () => {

@@ -9,7 +9,7 @@ import random
 import pytest
 
 import rebound_celery
-from rebound_celery.assign import arm
+from rebound_celery.assign import PreparedRollout, arm, arm_prepared
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 VECTORS = REPO / "policy" / "testdata" / "assign-vectors.json"
@@ -40,6 +40,17 @@ def test_every_vector_bit_for_bit():
         if got != c["expected"]:
             mismatches.append((c["name"], got, c["expected"]))
     assert mismatches == [], f"{len(mismatches)} differ, first: {mismatches[:3]}"
+
+
+def test_a_rollout_prepared_once_answers_like_the_one_shot_form():
+    prepared = {}
+    for c in cases():
+        key = json.dumps([c["revision"], c["steps"]])
+        rollout = prepared.setdefault(key, PreparedRollout(c["revision"], c["steps"]))
+        first = c.get("firstFailureUnixMs")
+        got = arm_prepared(rollout, c.get("jobId"), None if first is None else int(first), int(c["nowUnixMs"]))
+        assert got == c["expected"], c["name"]
+    assert len(prepared) >= 5
 
 
 def test_times_as_decimal_strings_give_the_same_answers():

@@ -55,34 +55,61 @@ def _well_formed(steps):
     return out
 
 
-def arm(revision, steps, job_id, first_failure_unix_ms, now_unix_ms):
-    """The revision that answers a job of a policy in rollout to ``revision`` (its id, which
-    salts the hash) with ``steps`` started so far (dicts ``weight``, ``startUnixMs``, as
-    GetPolicy's rollout gives them).
+def _salt(revision):
+    """``fnv1a64(revision)``, or None for a revision that is not a valid str."""
+    if not isinstance(revision, str):
+        return None
+    try:
+        return fnv1a64(revision)
+    except UnicodeEncodeError:  # a lone surrogate: not text a sidecar accepts
+        return None
 
-    Returns ``{"arm": "STABLE" | "CANARY", "bucket": 0..99}``, the shape of the vectors'
-    ``expected``: ``bucket`` is present exactly when there is a job id (a non-empty str).
-    CANARY iff the bucket is below the weight of the last step started at or before the
-    job's first failure; an unknown first failure (None or 0, as the protocol sends it)
-    places the job by ``now_unix_ms``. Times are ints or decimal strings. Malformed input
-    (steps, times, a non-str revision) gives STABLE, and an id that is not valid Unicode
-    (a lone surrogate) counts as no job id; it never raises.
+
+class PreparedRollout:
+    """A rollout ready for repeated assignments: the revision's hash and the check of its
+    steps done once, when GetPolicy's answer is loaded, not on every job. ``revision`` is the
+    new revision's id (it salts the hash); ``steps`` the steps started so far (dicts
+    ``weight``, ``startUnixMs``, as GetPolicy's rollout gives them)."""
+
+    __slots__ = ("salt", "steps")
+
+    def __init__(self, revision, steps):
+        # None when the revision is not a valid str: every job then STABLE, no bucket.
+        self.salt = _salt(revision)
+        # (weight, start) pairs, or None when malformed: every job then STABLE.
+        self.steps = _well_formed(steps)
+
+
+def arm_prepared(prepared, job_id, first_failure_unix_ms, now_unix_ms):
+    """The revision that answers a job: ``{"arm": "STABLE" | "CANARY", "bucket": 0..99}``,
+    the shape of the vectors' ``expected``.
+
+    ``bucket`` is present exactly when there is a job id (a non-empty str). CANARY iff the
+    bucket is below the weight of the last step started at or before the job's first
+    failure; an unknown first failure (None or 0, as the protocol sends it) places the job
+    by ``now_unix_ms``. Times are ints or decimal strings. Malformed input (steps, times, a
+    non-str revision) gives STABLE, and an id that is not valid Unicode (a lone surrogate)
+    counts as no job id; it never raises.
     """
-    if not isinstance(job_id, str) or job_id == "" or not isinstance(revision, str):
+    if not isinstance(job_id, str) or job_id == "" or prepared.salt is None:
         return {"arm": STABLE}
     try:
-        bucket = mix64(fnv1a64(job_id) ^ fnv1a64(revision)) % 100
+        bucket = mix64(fnv1a64(job_id) ^ prepared.salt) % 100
     except UnicodeEncodeError:  # a lone surrogate: not text a sidecar accepts, so no job id
         return {"arm": STABLE}
-    started = _well_formed(steps)
     first = 0 if first_failure_unix_ms is None else _u64(first_failure_unix_ms)
     t = _u64(now_unix_ms) if first == 0 else first
-    if started is None or t is None:
+    if prepared.steps is None or t is None:
         return {"arm": STABLE, "bucket": bucket}
     weight = 0
     # Starts are non-decreasing, so the steps started by t are a prefix.
-    for w, start in started:
+    for w, start in prepared.steps:
         if start > t:
             break
         weight = w
     return {"arm": CANARY if bucket < weight else STABLE, "bucket": bucket}
+
+
+def arm(revision, steps, job_id, first_failure_unix_ms, now_unix_ms):
+    """One-shot form of :func:`arm_prepared`."""
+    return arm_prepared(PreparedRollout(revision, steps), job_id, first_failure_unix_ms, now_unix_ms)

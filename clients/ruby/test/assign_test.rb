@@ -41,6 +41,16 @@ class AssignTest < Minitest::Test
     assert_equal [], mismatches.first(3), "#{mismatches.length} of #{all.length} differ"
   end
 
+  def test_a_rollout_prepared_once_answers_like_the_one_shot_form
+    prepared = {}
+    cases.each do |c|
+      rollout = prepared[[c["revision"], c["steps"]]] ||= Rebound::Assign::PreparedRollout.new(c["revision"], c["steps"])
+      first = c["firstFailureUnixMs"]&.then { |v| Integer(v, 10) }
+      assert_equal c["expected"], Rebound::Assign.arm_prepared(rollout, c["jobId"], first, Integer(c["nowUnixMs"], 10)), c["name"]
+    end
+    assert_operator prepared.length, :>=, 5
+  end
+
   def test_times_as_decimal_strings_give_the_same_answers
     cases.each do |c|
       assert_equal c["expected"], arm(c["revision"], c["steps"], c["jobId"], c["firstFailureUnixMs"], c["nowUnixMs"]), c["name"]

@@ -22,36 +22,53 @@ module Rebound
 
     module_function
 
-    # The revision that answers a job of a policy in rollout to `revision` (its id, which
-    # salts the hash) with `steps` started so far (Hashes "weight", "startUnixMs", as
-    # GetPolicy's rollout gives them).
-    #
-    # Returns {"arm" => "STABLE" | "CANARY", "bucket" => 0..99}, the shape of the vectors'
-    # "expected": "bucket" is present exactly when there is a job id (a non-empty String).
-    # CANARY iff the bucket is below the weight of the last step started at or before the
-    # job's first failure; an unknown first failure (nil or 0, as the protocol sends it)
-    # places the job by `now_unix_ms`. Times are Integers or decimal Strings. Malformed input
-    # (steps, times, a non-String revision) gives STABLE, and an id that is not valid UTF-8
-    # counts as no job id; it never raises.
-    def arm(revision, steps, job_id, first_failure_unix_ms, now_unix_ms)
-      job_id = utf8(job_id)
-      revision = utf8(revision)
-      return { "arm" => STABLE } if job_id.nil? || job_id.empty? || revision.nil?
+    # A rollout ready for repeated assignments: the revision's hash and the check of its
+    # steps done once, when GetPolicy's answer is loaded, not on every job. `revision` is the
+    # new revision's id (it salts the hash); `steps` the steps started so far (Hashes
+    # "weight", "startUnixMs", as GetPolicy's rollout gives them).
+    class PreparedRollout
+      # salt: fnv1a64(revision), nil when the revision is not a valid String (every job then
+      # STABLE, no bucket). steps: [weight, start] pairs, nil when malformed (every job STABLE).
+      attr_reader :salt, :steps
 
-      bucket = Decide.mix64(Decide.fnv1a64(job_id) ^ Decide.fnv1a64(revision)) % 100
-      started = well_formed(steps)
+      def initialize(revision, steps)
+        revision = Assign.utf8(revision)
+        @salt = revision && Decide.fnv1a64(revision)
+        @steps = Assign.well_formed(steps)
+      end
+    end
+
+    # The revision that answers a job: {"arm" => "STABLE" | "CANARY", "bucket" => 0..99},
+    # the shape of the vectors' "expected".
+    #
+    # "bucket" is present exactly when there is a job id (a non-empty String). CANARY iff the
+    # bucket is below the weight of the last step started at or before the job's first
+    # failure; an unknown first failure (nil or 0, as the protocol sends it) places the job
+    # by `now_unix_ms`. Times are Integers or decimal Strings. Malformed input (steps, times,
+    # a non-String revision) gives STABLE, and an id that is not valid UTF-8 counts as no job
+    # id; it never raises.
+    def arm_prepared(prepared, job_id, first_failure_unix_ms, now_unix_ms)
+      job_id = utf8(job_id)
+      return { "arm" => STABLE } if job_id.nil? || job_id.empty? || prepared.salt.nil?
+
+      bucket = Decide.mix64(Decide.fnv1a64(job_id) ^ prepared.salt) % 100
       first = first_failure_unix_ms.nil? ? 0 : u64(first_failure_unix_ms)
       t = first == 0 ? u64(now_unix_ms) : first
-      return { "arm" => STABLE, "bucket" => bucket } if started.nil? || t.nil?
+      return { "arm" => STABLE, "bucket" => bucket } if prepared.steps.nil? || t.nil?
 
       weight = 0
       # Starts are non-decreasing, so the steps started by t are a prefix.
-      started.each do |w, start|
+      prepared.steps.each do |w, start|
         break if start > t
 
         weight = w
       end
       { "arm" => bucket < weight ? CANARY : STABLE, "bucket" => bucket }
+    end
+
+    # One-shot form of arm_prepared.
+    def arm(revision, steps, job_id, first_failure_unix_ms, now_unix_ms)
+      arm_prepared(PreparedRollout.new(revision, steps), job_id, first_failure_unix_ms, now_unix_ms)
     end
 
     # The String as valid UTF-8, or nil: bytes that are not UTF-8 are no id a sidecar

@@ -37,3 +37,24 @@ func BenchmarkDecideLocal(b *testing.B) {
 		}
 	}
 }
+
+// The one-shot rollout assignment: three steps started, the revision hashed and the steps
+// checked on every call.
+func BenchmarkArm(b *testing.B) {
+	const revision = "sha256:83403d689b2445ce65ae8dfbd8befab76e501eef99841c316a1883e9ca8b2b4c"
+	steps := []RolloutStep{{10, 1_800_000_000_000}, {50, 1_800_000_600_000}, {99, 1_800_002_400_000}}
+	b.ReportAllocs()
+	for b.Loop() {
+		Arm(revision, steps, benchContext.JobID, benchContext.FirstFailureUnixMs, benchContext.NowUnixMs)
+	}
+}
+
+// The prepared form: the revision hashed and the steps checked once.
+func BenchmarkPreparedRolloutArm(b *testing.B) {
+	r := PrepareRollout("sha256:83403d689b2445ce65ae8dfbd8befab76e501eef99841c316a1883e9ca8b2b4c",
+		[]RolloutStep{{10, 1_800_000_000_000}, {50, 1_800_000_600_000}, {99, 1_800_002_400_000}})
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Arm(benchContext.JobID, benchContext.FirstFailureUnixMs, benchContext.NowUnixMs)
+	}
+}

@@ -335,3 +335,21 @@ export function decideLocal(
   reason: GiveUpReasonName;
   reasonMessage: string;
 };
+
+/** One started step of a rollout (`rebound.v1.RolloutStep`); times as BigInt, Number or decimal string. */
+export interface RolloutStep {
+  weight: number;
+  startUnixMs: bigint | number | string;
+}
+
+/**
+ * The local port of the rollout assignment: which revision answers a job of a policy in
+ * rollout. `bucket` is present exactly when there is a job id; malformed input gives STABLE.
+ */
+export function arm(
+  revision: string,
+  steps: readonly RolloutStep[],
+  jobId: string | undefined,
+  firstFailureUnixMs: bigint | number | string | null | undefined,
+  nowUnixMs: bigint | number | string,
+): { arm: 'STABLE' | 'CANARY'; bucket?: number };

@@ -5,6 +5,7 @@ const { ReboundCore, LIBRARY_ATTEMPTS, DEFAULT_POLICY } = require('./lib/rebound
 const { createBullMQAdapter } = require('./lib/bullmq');
 const { createBullAdapter } = require('./lib/bull');
 const { decideLocal } = require('./lib/decide');
+const { arm } = require('./lib/assign');
 
 /**
  * The adapter: one per process is enough (it holds one gRPC channel). `rebound.bullmq`
@@ -28,4 +29,4 @@ function keyOf(job) {
   return String(job.id);
 }
 
-module.exports = { Rebound, createRebound, keyOf, LIBRARY_ATTEMPTS, DEFAULT_POLICY, decideLocal };
+module.exports = { Rebound, createRebound, keyOf, LIBRARY_ATTEMPTS, DEFAULT_POLICY, decideLocal, arm };

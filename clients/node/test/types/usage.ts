@@ -3,7 +3,7 @@
 import { Queue, Worker, type Job } from 'bullmq';
 import Bull from 'bull';
 import { Registry } from 'prom-client';
-import { Rebound, createRebound, keyOf, decideLocal, DEFAULT_POLICY, LIBRARY_ATTEMPTS, type Answer, type DeadLetter } from '@rebound-dev/node';
+import { Rebound, createRebound, keyOf, decideLocal, arm, DEFAULT_POLICY, LIBRARY_ATTEMPTS, type Answer, type DeadLetter } from '@rebound-dev/node';
 
 async function main(): Promise<void> {
   const rebound = createRebound({
@@ -58,6 +58,9 @@ async function main(): Promise<void> {
   void [a, bullState];
   const answer: Answer = await rebound.decide({ queue: 'webhooks', attempt: 2, jobId: key });
   const local = decideLocal(DEFAULT_POLICY, 'ns/name', 3, { jobId: 'j', nowUnixMs: 1n });
+  const assigned: 'STABLE' | 'CANARY' = arm('sha256:0', [{ weight: 10, startUnixMs: '1' }], 'j', undefined, 2n).arm;
+  // @ts-expect-error a step's weight is a number
+  arm('sha256:0', [{ weight: '10', startUnixMs: 1 }], 'j', 1, 2);
   const delay: number = await rebound.bullmq.backoffStrategy(1, 'rebound', new Error('x'), job);
   rebound.on('decision', (d) => d.delayMs + d.attempt);
   rebound.on('fallback', (f) => f.cause === 'unavailable');
@@ -66,7 +69,7 @@ async function main(): Promise<void> {
   const m = rebound.metrics();
   const n: number = m.decisions.retry + m.fallback.total + m.deadLettered + m.dropped;
   const dl: DeadLetter<{ url: string }> | null = null;
-  void [attempts, answer, local, delay, n, dl, worker];
+  void [attempts, answer, local, assigned, delay, n, dl, worker];
   // @ts-expect-error the target is a string
   createRebound({ target: 7411 });
   // @ts-expect-error no such event

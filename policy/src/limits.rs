@@ -35,6 +35,3 @@ pub const MEMO_CAPACITY: usize = 65_536;
 /// Runs of booked slots held per policy; at it, the smallest gaps are merged as full.
 pub const MAX_RUNS: usize = 16_384;
 
-/// A rollout's steps: at most this many, each weight an integer percent in 1..=99.
-pub const MAX_ROLLOUT_STEPS: usize = 10;
-pub const MAX_ROLLOUT_WEIGHT: u32 = 99;

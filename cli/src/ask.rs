@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, bail};
 use rebound_policy::{
     Context, Decision, Disposition, PolicySource, PolicyTable, compile, compiled::CompiledDocument,
-    decide, format_millis,
+    format_millis,
 };
 use serde_json::{Value, json};
 
@@ -104,11 +104,16 @@ fn answer(
             q.queue
         );
     };
+    // The clock is real so that a policy in rollout answers with the revision a job
+    // failing now would get; `--elapsed` places the first failure that long before.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let ctx = Context {
         job_id: q.job_id.as_deref(),
         error_class: q.error_class.as_deref(),
-        first_failure_ms: elapsed_ms.map(|_| 0),
-        now_ms: elapsed_ms,
+        first_failure_ms: elapsed_ms.map(|e| now_ms.saturating_sub(e)),
+        now_ms: Some(now_ms),
         retry_after_ms: None,
     };
     let mut out = json!({
@@ -122,7 +127,11 @@ fn answer(
             "configHash": table.hash(),
         },
     });
-    let fields = match decide(&entry.policy, q.attempt, &ctx) {
+    let (decision, selected) = entry.decide(q.attempt, &ctx);
+    if !selected.revision.is_empty() {
+        out["revision"] = json!(selected.revision);
+    }
+    let fields = match decision {
         Decision::Retry { delay_ms } => json!({
             "decision": "Retry",
             "delayMs": delay_ms,
@@ -172,5 +181,100 @@ fn text(a: &Value) -> String {
             None => s("disposition"),
         };
         format!("GIVE_UP → {to}: {}  policy {policy}\n", s("reasonMessage"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use rebound_policy::{
+        CompiledPolicy, ResolvedPolicy,
+        compiled::CompiledRollout,
+        resolve,
+        rollout::assign::{Exposure, Step, revision_id},
+    };
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn params(max_attempts: u32) -> ResolvedPolicy {
+        let spec = serde_json::from_value(json!({"queues": ["payments"],
+            "maxAttempts": max_attempts, "backoff": {"base": "1s", "cap": "1m"}}))
+        .expect("spec");
+        resolve(&spec).expect("valid")
+    }
+
+    /// `payments` rolling out maxAttempts 25 → 2, its one step started an hour ago.
+    fn in_rollout(weight: u32) -> (CompiledDocument, Exposure) {
+        let hour_ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64
+            - 3_600_000;
+        let rollout = CompiledRollout {
+            revision: revision_id(&params(2)),
+            stable_revision: revision_id(&params(25)),
+            canary: params(2),
+            steps: vec![Step {
+                weight,
+                start_unix_ms: hour_ago,
+            }],
+        };
+        let exposure = rollout.exposure().expect("valid rollout");
+        let policy = CompiledPolicy {
+            name: "payments".into(),
+            namespace: "shop".into(),
+            uid: "u".into(),
+            generation: 2,
+            queues: vec!["payments".into()],
+            params: params(25),
+            rollout: Some(rollout),
+        };
+        (CompiledDocument::new("shop", vec![policy]), exposure)
+    }
+
+    fn ask(doc: &CompiledDocument, job_id: &str) -> Value {
+        let cli = Cli::try_parse_from([
+            "ask",
+            "--queue",
+            "payments",
+            "--attempt",
+            "2",
+            "--job-id",
+            job_id,
+        ])
+        .expect("arguments");
+        answer(doc, &cli.args, None, "files").expect("answer")
+    }
+
+    #[test]
+    fn a_job_in_the_canary_is_answered_by_the_new_revision() {
+        let (doc, exposure) = in_rollout(50);
+        let (mut canary, mut stable) = (0, 0);
+        for i in 0..40 {
+            let job = format!("job-{i}");
+            let a = ask(&doc, &job);
+            if exposure.bucket(&job) < 50 {
+                canary += 1;
+                assert_eq!(a["revision"], json!(revision_id(&params(2))), "{job}");
+                assert_eq!(a["decision"], "GiveUp", "{job}: the canary allows 2 runs");
+            } else {
+                stable += 1;
+                assert_eq!(a["revision"], json!(revision_id(&params(25))), "{job}");
+                assert_eq!(
+                    a["decision"], "Retry",
+                    "{job}: the stable revision allows 25"
+                );
+            }
+        }
+        assert!(
+            canary > 0 && stable > 0,
+            "both arms asked: {canary} / {stable}"
+        );
     }
 }

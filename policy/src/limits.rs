@@ -34,4 +34,3 @@ pub const MAX_MIN_FAILED_JOBS: u32 = 10_000_000;
 pub const MEMO_CAPACITY: usize = 65_536;
 /// Runs of booked slots held per policy; at it, the smallest gaps are merged as full.
 pub const MAX_RUNS: usize = 16_384;
-

@@ -43,6 +43,7 @@ impl FluxTools {
             Some(p) => PathBuf::from(p),
             None => print_bin_dir()?,
         };
+        wait_for_build_in_progress(&bin_dir)?;
         for binary in ["source-controller", "kustomize-controller", "githttp"] {
             let path = bin_dir.join(binary);
             ensure!(
@@ -318,4 +319,43 @@ pub fn condition<'a>(object: &'a serde_json::Value, kind: &str) -> Option<&'a se
         .as_array()?
         .iter()
         .find(|c| c["type"] == kind)
+}
+
+/// Longest wait for a build in progress: a cold build at the lowest priority on a busy
+/// machine.
+const BUILD_WAIT: Duration = Duration::from_secs(45 * 60);
+
+/// The test never builds, but `dev/test.sh` starts `dev/build-flux.sh` in the background
+/// at the lowest priority, so that a cold build's minutes of CPU fall in the suite's idle
+/// time. Waits while a build holds the version dir's lock (`dev/lib/cached-build.sh` holds
+/// it while it builds), for at most [`BUILD_WAIT`]; returns at once when none does.
+fn wait_for_build_in_progress(bin_dir: &Path) -> Result<()> {
+    let Some(lock) = bin_dir.parent().map(|d| d.join(".lock")) else {
+        return Ok(());
+    };
+    if !lock.is_file() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let status = Command::new("flock")
+        .arg("--wait")
+        .arg(BUILD_WAIT.as_secs().to_string())
+        .arg(&lock)
+        .arg("true")
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("waiting for the lock {} (flock)", lock.display()))?;
+    ensure!(
+        status.success(),
+        "a Flux build still held {} after {:?}: see .state/flux-build.log",
+        lock.display(),
+        started.elapsed()
+    );
+    if started.elapsed() > Duration::from_secs(1) {
+        eprintln!(
+            "waited {:.0?} for the Flux build in progress",
+            started.elapsed()
+        );
+    }
+    Ok(())
 }

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::Flags;
 use crate::backoff::{Requeue, watch_backoff};
+use crate::burst::Bursts;
 use crate::cache::Cache;
 use crate::context::{Context, Stores};
 use crate::events::Events;
@@ -177,6 +178,7 @@ pub async fn run(
         .boxed(),
     );
 
+    let bursts = Arc::new(Bursts::default());
     let mut keys = Writer::<Namespace>::new(());
     let key_store = keys.as_reader();
     let mut router = Router {
@@ -188,6 +190,7 @@ pub async fn run(
         failing: false,
         metrics: metrics.clone(),
         membership: Membership::new(&flags.configmap_name, stores.sidecars.clone()),
+        bursts: bursts.clone(),
     };
     let queue = futures::stream::select_all(streams)
         .flat_map(move |incoming| {
@@ -205,6 +208,7 @@ pub async fn run(
         metrics,
         events,
         summaries: Arc::default(),
+        bursts,
     });
     let settings = controller::Config::default().concurrency(flags.concurrency);
     applier(
@@ -238,6 +242,8 @@ struct Router {
     membership: Membership,
     /// A watch failed and no event has arrived since: one log line per failing streak.
     failing: bool,
+    /// Where policy events come in bursts.
+    bursts: Arc<Bursts>,
 }
 
 impl Router {
@@ -260,6 +266,12 @@ impl Router {
                     self.synced.insert((Kind::Policy, stream));
                 }
                 let touched = self.triggers.policy(stream, scope.as_deref(), &event);
+                if matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_)) {
+                    let now = std::time::Instant::now();
+                    for ns in &touched {
+                        self.bursts.event(ns, now);
+                    }
+                }
                 (touched, "RetryPolicy changed")
             }
             Incoming::ConfigMap { stream, event } => {

@@ -28,6 +28,8 @@ use crate::writes::{write_configmap, write_statuses};
 /// The controller's reconcile function; the key is a namespace.
 pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = key.name_any();
+    // Within a burst of changes, compile once it pauses (see `burst`).
+    ctx.bursts.settle(&namespace).await;
     let started = Instant::now();
     // The applier never runs two reconciles of one key at once, so taking the memory out
     // and putting it back cannot race.

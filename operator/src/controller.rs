@@ -30,6 +30,7 @@ use crate::burst::Bursts;
 use crate::cache::Cache;
 use crate::context::{Context, Stores};
 use crate::events::Events;
+use crate::flags::InitialList;
 use crate::fleet::{self, Membership};
 use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView, policy_resource, slim_configmap, slim_policy};
@@ -37,12 +38,22 @@ use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
 use rebound_runtime::watch_backoff::WatchBackoffExt;
 
-/// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,
-/// policies with 256 KiB annotations) is never decoded all at once; only the slimmed
-/// objects stay.
+/// List page sizes with `--initial-list=pages`: an initial list of large objects (1 MiB
+/// ConfigMaps of someone else, policies with 256 KiB annotations) is never decoded all at
+/// once; only the slimmed objects stay. A streamed initial list (the default) decodes one
+/// object at a time and needs no round trip per page: 100,000 policies in pages of 100
+/// took 35 s of a 36 s start.
 const POLICY_PAGE: u32 = 100;
 const CONFIGMAP_PAGE: u32 = 8;
 const LEASE_PAGE: u32 = 500;
+
+/// A watcher configuration with the initial list the flags ask for.
+fn initial(config: watcher::Config, how: InitialList, page: u32) -> watcher::Config {
+    match how {
+        InitialList::Stream => config.streaming_lists(),
+        InitialList::Pages => config.page_size(page),
+    }
+}
 
 /// The kinds of watch streams, for telling when every one has listed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,22 +109,25 @@ pub async fn run(
         stores.policies.push(cache.clone());
         let scope_name = scope.clone();
         streams.push(
-            watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
-                .with_watch_backoff(watch_backoff(&format!("policies/{stream}")))
-                .map_ok(move |e| {
-                    let e = e.modify(slim_policy);
-                    cache.apply(&e, PolicyView::keyed);
-                    e
-                })
-                .map(move |r| match r {
-                    Ok(event) => Incoming::Policy {
-                        stream,
-                        scope: scope_name.clone(),
-                        event,
-                    },
-                    Err(e) => Incoming::Error(e),
-                })
-                .boxed(),
+            watcher(
+                policies,
+                initial(watcher::Config::default(), flags.initial_list, POLICY_PAGE),
+            )
+            .with_watch_backoff(watch_backoff(&format!("policies/{stream}")))
+            .map_ok(move |e| {
+                let e = e.modify(slim_policy);
+                cache.apply(&e, PolicyView::keyed);
+                e
+            })
+            .map(move |r| match r {
+                Ok(event) => Incoming::Policy {
+                    stream,
+                    scope: scope_name.clone(),
+                    event,
+                },
+                Err(e) => Incoming::Error(e),
+            })
+            .boxed(),
         );
 
         let configmaps: Api<ConfigMap> = match scope {
@@ -125,9 +139,11 @@ pub async fn run(
         streams.push(
             watcher(
                 configmaps,
-                watcher::Config::default()
-                    .fields(&cm_selector)
-                    .page_size(CONFIGMAP_PAGE),
+                initial(
+                    watcher::Config::default().fields(&cm_selector),
+                    flags.initial_list,
+                    CONFIGMAP_PAGE,
+                ),
             )
             .with_watch_backoff(watch_backoff(&format!("configmaps/{stream}")))
             .map_ok(move |e| {
@@ -150,9 +166,11 @@ pub async fn run(
         streams.push(
             watcher(
                 leases,
-                watcher::Config::default()
-                    .labels(fleet::SELECTOR)
-                    .page_size(LEASE_PAGE),
+                initial(
+                    watcher::Config::default().labels(fleet::SELECTOR),
+                    flags.initial_list,
+                    LEASE_PAGE,
+                ),
             )
             .with_watch_backoff(watch_backoff(&format!("leases/{stream}")))
             .map_ok(move |e| lenient.typed(e).modify(fleet::slim_lease))

@@ -72,6 +72,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub events: Events,
     pub summaries: Arc<Summaries>,
+    /// Recent policy events per namespace, to compile a burst once.
+    pub bursts: Arc<crate::burst::Bursts>,
 }
 
 impl Memory {

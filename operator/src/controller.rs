@@ -26,9 +26,11 @@ use tracing::{debug, info, warn};
 
 use crate::Flags;
 use crate::backoff::{Requeue, watch_backoff};
+use crate::burst::Bursts;
 use crate::cache::Cache;
 use crate::context::{Context, Stores};
 use crate::events::Events;
+use crate::flags::InitialList;
 use crate::fleet::{self, Membership};
 use crate::metrics::Metrics;
 use crate::objects::{ConfigMapView, PolicyView, policy_resource, slim_configmap, slim_policy};
@@ -36,12 +38,22 @@ use crate::reconcile::{error_policy, reconcile};
 use crate::triggers::Triggers;
 use rebound_runtime::watch_backoff::WatchBackoffExt;
 
-/// List page sizes: an initial list of large objects (1 MiB ConfigMaps of someone else,
-/// policies with 256 KiB annotations) is never decoded all at once; only the slimmed
-/// objects stay.
+/// List page sizes with `--initial-list=pages`: an initial list of large objects (1 MiB
+/// ConfigMaps of someone else, policies with 256 KiB annotations) is never decoded all at
+/// once; only the slimmed objects stay. A streamed initial list (the default) decodes one
+/// object at a time and needs no round trip per page: 100,000 policies in pages of 100
+/// took 35 s of a 36 s start.
 const POLICY_PAGE: u32 = 100;
 const CONFIGMAP_PAGE: u32 = 8;
 const LEASE_PAGE: u32 = 500;
+
+/// A watcher configuration with the initial list the flags ask for.
+fn initial(config: watcher::Config, how: InitialList, page: u32) -> watcher::Config {
+    match how {
+        InitialList::Stream => config.streaming_lists(),
+        InitialList::Pages => config.page_size(page),
+    }
+}
 
 /// The kinds of watch streams, for telling when every one has listed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,22 +109,25 @@ pub async fn run(
         stores.policies.push(cache.clone());
         let scope_name = scope.clone();
         streams.push(
-            watcher(policies, watcher::Config::default().page_size(POLICY_PAGE))
-                .with_watch_backoff(watch_backoff(&format!("policies/{stream}")))
-                .map_ok(move |e| {
-                    let e = e.modify(slim_policy);
-                    cache.apply(&e, PolicyView::keyed);
-                    e
-                })
-                .map(move |r| match r {
-                    Ok(event) => Incoming::Policy {
-                        stream,
-                        scope: scope_name.clone(),
-                        event,
-                    },
-                    Err(e) => Incoming::Error(e),
-                })
-                .boxed(),
+            watcher(
+                policies,
+                initial(watcher::Config::default(), flags.initial_list, POLICY_PAGE),
+            )
+            .with_watch_backoff(watch_backoff(&format!("policies/{stream}")))
+            .map_ok(move |e| {
+                let e = e.modify(slim_policy);
+                cache.apply(&e, PolicyView::keyed);
+                e
+            })
+            .map(move |r| match r {
+                Ok(event) => Incoming::Policy {
+                    stream,
+                    scope: scope_name.clone(),
+                    event,
+                },
+                Err(e) => Incoming::Error(e),
+            })
+            .boxed(),
         );
 
         let configmaps: Api<ConfigMap> = match scope {
@@ -124,9 +139,11 @@ pub async fn run(
         streams.push(
             watcher(
                 configmaps,
-                watcher::Config::default()
-                    .fields(&cm_selector)
-                    .page_size(CONFIGMAP_PAGE),
+                initial(
+                    watcher::Config::default().fields(&cm_selector),
+                    flags.initial_list,
+                    CONFIGMAP_PAGE,
+                ),
             )
             .with_watch_backoff(watch_backoff(&format!("configmaps/{stream}")))
             .map_ok(move |e| {
@@ -149,9 +166,11 @@ pub async fn run(
         streams.push(
             watcher(
                 leases,
-                watcher::Config::default()
-                    .labels(fleet::SELECTOR)
-                    .page_size(LEASE_PAGE),
+                initial(
+                    watcher::Config::default().labels(fleet::SELECTOR),
+                    flags.initial_list,
+                    LEASE_PAGE,
+                ),
             )
             .with_watch_backoff(watch_backoff(&format!("leases/{stream}")))
             .map_ok(move |e| lenient.typed(e).modify(fleet::slim_lease))
@@ -177,6 +196,7 @@ pub async fn run(
         .boxed(),
     );
 
+    let bursts = Arc::new(Bursts::default());
     let mut keys = Writer::<Namespace>::new(());
     let key_store = keys.as_reader();
     let mut router = Router {
@@ -188,6 +208,7 @@ pub async fn run(
         failing: false,
         metrics: metrics.clone(),
         membership: Membership::new(&flags.configmap_name, stores.sidecars.clone()),
+        bursts: bursts.clone(),
     };
     let queue = futures::stream::select_all(streams)
         .flat_map(move |incoming| {
@@ -205,6 +226,7 @@ pub async fn run(
         metrics,
         events,
         summaries: Arc::default(),
+        bursts,
     });
     let settings = controller::Config::default().concurrency(flags.concurrency);
     applier(
@@ -238,6 +260,8 @@ struct Router {
     membership: Membership,
     /// A watch failed and no event has arrived since: one log line per failing streak.
     failing: bool,
+    /// Where policy events come in bursts.
+    bursts: Arc<Bursts>,
 }
 
 impl Router {
@@ -260,6 +284,12 @@ impl Router {
                     self.synced.insert((Kind::Policy, stream));
                 }
                 let touched = self.triggers.policy(stream, scope.as_deref(), &event);
+                if matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_)) {
+                    let now = std::time::Instant::now();
+                    for ns in &touched {
+                        self.bursts.event(ns, now);
+                    }
+                }
                 (touched, "RetryPolicy changed")
             }
             Incoming::ConfigMap { stream, event } => {

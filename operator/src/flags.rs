@@ -65,12 +65,25 @@ pub struct Flags {
     #[arg(long, env = "REBOUND_SIDECAR_CLUSTER_ROLE")]
     pub sidecar_cluster_role: Option<String>,
 
+    /// How the watches fetch what exists at start and after a gap: `stream` (one watch
+    /// that sends the objects, then a bookmark: Kubernetes ≥ 1.32, the WatchList feature)
+    /// or `pages` (paged lists, for older servers or WatchList turned off).
+    #[arg(long, env = "REBOUND_INITIAL_LIST", value_enum, default_value_t = InitialList::Stream)]
+    pub initial_list: InitialList,
+
     /// Log format.
     #[arg(long, env = "REBOUND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,
 }
 
 pub use rebound_runtime::LogFormat;
+
+/// See [`Flags::initial_list`].
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitialList {
+    Stream,
+    Pages,
+}
 
 impl Flags {
     /// Checks what clap cannot: the lease timings.

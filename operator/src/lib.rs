@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod bindings;
+pub mod burst;
 pub mod cache;
 pub mod configmap;
 pub mod context;

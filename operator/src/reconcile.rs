@@ -28,6 +28,11 @@ use crate::writes::{write_configmap, write_statuses};
 /// The controller's reconcile function; the key is a namespace.
 pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = key.name_any();
+    // Within a burst of changes, compile once it pauses (see `burst`).
+    if let Some(wait) = ctx.bursts.defer(&namespace, Instant::now()) {
+        debug!(%namespace, wait_ms = wait.as_millis() as u64, "in a burst: compiled once it pauses");
+        return Ok(Action::requeue(wait));
+    }
     let started = Instant::now();
     // The applier never runs two reconciles of one key at once, so taking the memory out
     // and putting it back cannot race.

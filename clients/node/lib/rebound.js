@@ -292,7 +292,8 @@ class ReboundCore extends EventEmitter {
     }
     if (record) {
       this.count(answer, adapter);
-      this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
+      // The payload is built only for a listener: most workers have none.
+      if (this.listenerCount('decision') > 0) this.safeEmit('decision', { queue: f.queue, jobId: f.jobId ?? '', attempt: f.attempt, ...answer });
     }
     return answer;
   }

@@ -120,20 +120,7 @@ impl AssignFile {
 
     /// One case per line, like the decide vectors.
     pub fn to_json(&self) -> String {
-        let head = serde_json::json!({"format": self.format, "regenerate": self.regenerate});
-        let mut out = String::from("{\n");
-        for (key, value) in head.as_object().into_iter().flatten() {
-            out.push_str(&format!("  {}: {},\n", serde_json::json!(key), value));
-        }
-        out.push_str("  \"cases\": [\n");
-        let lines: Vec<String> = self
-            .cases
-            .iter()
-            .map(|c| format!("    {}", serde_json::to_string(c).unwrap_or_default()))
-            .collect();
-        out.push_str(&lines.join(",\n"));
-        out.push_str("\n  ]\n}\n");
-        out
+        super::format::one_case_per_line(&self.format, &self.regenerate, &self.cases)
     }
 }
 

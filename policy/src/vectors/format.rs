@@ -332,21 +332,7 @@ impl VectorFile {
 
     /// Pretty enough to review and diff: one case per line.
     pub fn to_json(&self) -> String {
-        let head = serde_json::json!({"format": self.format, "regenerate": self.regenerate});
-        let mut out = String::new();
-        out.push_str("{\n");
-        for (key, value) in head.as_object().into_iter().flatten() {
-            out.push_str(&format!("  {}: {},\n", serde_json::json!(key), value));
-        }
-        out.push_str("  \"cases\": [\n");
-        let lines: Vec<String> = self
-            .cases
-            .iter()
-            .map(|c| format!("    {}", serde_json::to_string(c).unwrap_or_default()))
-            .collect();
-        out.push_str(&lines.join(",\n"));
-        out.push_str("\n  ]\n}\n");
-        out
+        one_case_per_line(&self.format, &self.regenerate, &self.cases)
     }
 }
 
@@ -381,4 +367,26 @@ pub(super) mod u64_string {
             .parse()
             .map_err(serde::de::Error::custom)
     }
+}
+
+/// A vector file's JSON with its header fields first and one case per line, so that a
+/// regenerated file reviews and diffs line by line.
+pub(crate) fn one_case_per_line<C: Serialize>(
+    format: &str,
+    regenerate: &str,
+    cases: &[C],
+) -> String {
+    let head = serde_json::json!({"format": format, "regenerate": regenerate});
+    let mut out = String::from("{\n");
+    for (key, value) in head.as_object().into_iter().flatten() {
+        out.push_str(&format!("  {}: {},\n", serde_json::json!(key), value));
+    }
+    out.push_str("  \"cases\": [\n");
+    let lines: Vec<String> = cases
+        .iter()
+        .map(|c| format!("    {}", serde_json::to_string(c).unwrap_or_default()))
+        .collect();
+    out.push_str(&lines.join(",\n"));
+    out.push_str("\n  ]\n}\n");
+    out
 }

@@ -115,6 +115,9 @@ type Answer struct {
 	Policy          *pb.PolicyRef
 	Source          Source
 	PolicySource    PolicySource
+	// Revision is the id of the revision that answered while the policy rolls out ("" when
+	// it does not): the sidecar's DecideResponse.revision, or the fallback's own pick.
+	Revision string
 }
 
 // Retry tells whether the job runs again.
@@ -167,6 +170,9 @@ type cachedPolicy struct {
 	ref *pb.PolicyRef
 	// prepared holds the resolved policy and its identity, prepared when fetched.
 	prepared *PreparedPolicy
+	// rollout is set while the policy rolls out, so the fallback picks the revision the
+	// sidecar picks for each job.
+	rollout *cachedRollout
 }
 
 // Rebound asks the sidecar and falls back to the last GetPolicy answer for the queue (or
@@ -345,6 +351,7 @@ func (c *Rebound) Decide(ctx context.Context, f Failure) Answer {
 			Policy:          res.GetPolicy(),
 			Source:          SourceSidecar,
 			PolicySource:    PolicySidecar,
+			Revision:        res.GetRevision(),
 		}
 		if a.Retry() {
 			a.Delay = millis(res.GetDelayMs())
@@ -410,9 +417,12 @@ func (c *Rebound) fallback(req *pb.DecideRequest, err error) Answer {
 	}
 	c.mu.Unlock()
 
-	prepared, ref, src := c.def, &pb.PolicyRef{}, PolicyDefault
+	now := uint64(time.Now().UnixMilli())
+	first := min(req.FirstFailureUnixMs, now)
+	prepared, ref, src, revision := c.def, &pb.PolicyRef{}, PolicyDefault, ""
 	if ok {
-		prepared, ref, src = cached.prepared, cached.ref, PolicyCached
+		prepared, revision = cached.pick(req.JobId, first, now)
+		ref, src = cached.ref, PolicyCached
 	}
 	if shouldLog {
 		c.logger.Warn("sidecar did not answer; decided locally", "event", "rebound.fallback",
@@ -422,11 +432,11 @@ func (c *Rebound) fallback(req *pb.DecideRequest, err error) Answer {
 	res, derr := prepared.Decide(uint64(req.Attempt), Context{
 		JobID:              req.JobId,
 		ErrorClass:         req.ErrorClass,
-		FirstFailureUnixMs: req.FirstFailureUnixMs,
-		NowUnixMs:          uint64(time.Now().UnixMilli()),
+		FirstFailureUnixMs: first,
+		NowUnixMs:          now,
 		RetryAfterMs:       req.RetryAfterMs,
 	})
-	a := Answer{Policy: ref, Source: SourceFallback, PolicySource: src}
+	a := Answer{Policy: ref, Source: SourceFallback, PolicySource: src, Revision: revision}
 	if derr != nil {
 		c.HookError(req.Queue, req.JobId, "fallback", derr)
 		a.Decision, a.Delay = pb.Decision_DECISION_RETRY, LastResortDelay
@@ -555,7 +565,12 @@ func (c *Rebound) fetch(ctx context.Context, queue string) error {
 	if old, ok := c.policies[queue]; ok && old.ref.GetConfigHash() == ref.GetConfigHash() && old.ref.GetName() == ref.GetName() {
 		return nil
 	}
-	c.policies[queue] = cachedPolicy{ref: ref, prepared: PreparePolicy(res.GetResolved(), ref.GetNamespace()+"/"+ref.GetName())}
+	identity := ref.GetNamespace() + "/" + ref.GetName()
+	c.policies[queue] = cachedPolicy{
+		ref:      ref,
+		prepared: PreparePolicy(res.GetResolved(), identity),
+		rollout:  prepareRollout(res.GetRollout(), identity),
+	}
 	c.logger.Info("fallback policy cached", "event", "rebound.policy", "queue", queue,
 		"policy", ref.GetName(), "namespace", ref.GetNamespace(), "configHash", ref.GetConfigHash())
 	return nil

@@ -61,6 +61,8 @@ export interface Answer {
   source: 'sidecar' | 'fallback';
   /** Which policy answered: the sidecar's, the cached GetPolicy answer, or the default policy. */
   policySource: 'sidecar' | 'cached' | 'default';
+  /** While the policy rolls out, the id of the revision that answered (the fallback picks it as the sidecar does); '' otherwise. */
+  revision: string;
 }
 
 /** What the adapter knows about one failure; the input of `rebound.decide`. */

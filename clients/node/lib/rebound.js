@@ -8,6 +8,7 @@ const { EventEmitter } = require('node:events');
 const { AdvisorClient, resolvedFromWire, policyRefFromWire, grpc } = require('./client');
 const { PreparedPolicy, decidePrepared, delayForRetry, draws } = require('./decide');
 const { AdapterMetrics, NO_METRICS } = require('./metrics');
+const { prepareRollout, pick } = require('./rollout-cache');
 
 /** Above every valid maxAttempts (10000), so the job library's own limit never decides. */
 const LIBRARY_ATTEMPTS = 10001;
@@ -284,6 +285,7 @@ class ReboundCore extends EventEmitter {
         policy: policyRefFromWire(res.policy),
         source: 'sidecar',
         policySource: 'sidecar',
+        revision: res.revision ?? '',
       };
       const cached = this.policies.get(f.queue);
       if (!cached || cached.ref.configHash !== answer.policy.configHash) this.refresh(f.queue);
@@ -321,14 +323,16 @@ class ReboundCore extends EventEmitter {
     const code = err && typeof err.code === 'number' ? err.code : null;
     if (cause === 'not_found') this.policies.delete(f.queue);
     const cached = this.policies.get(f.queue);
-    const prepared = cached ? cached.prepared : this.defaultPrepared;
+    const nowUnixMs = Date.now();
+    const firstFailureUnixMs = f.firstFailureUnixMs === undefined ? undefined : Math.min(f.firstFailureUnixMs, nowUnixMs);
+    const { prepared, revision } = cached ? pick(cached, f.jobId, firstFailureUnixMs, nowUnixMs) : { prepared: this.defaultPrepared, revision: '' };
     let answer;
     try {
       answer = decidePrepared(prepared, f.attempt, {
         jobId: f.jobId,
         errorClass: f.errorClass,
-        firstFailureUnixMs: f.firstFailureUnixMs,
-        nowUnixMs: Date.now(),
+        firstFailureUnixMs,
+        nowUnixMs,
         retryAfterMs: f.retryAfterMs,
       });
     } catch (e) {
@@ -348,6 +352,7 @@ class ReboundCore extends EventEmitter {
     answer.policy = cached ? cached.ref : EMPTY_REF;
     answer.source = 'fallback';
     answer.policySource = cached ? 'cached' : 'default';
+    answer.revision = revision;
     if (!record) return answer;
     const fb = this.counters.fallback;
     fb.total++;
@@ -416,8 +421,9 @@ class ReboundCore extends EventEmitter {
         const cached = this.policies.get(queue);
         if (cached && cached.ref.configHash === ref.configHash && cached.ref.name === ref.name) return;
         const resolved = resolvedFromWire(res.resolved);
-        const prepared = new PreparedPolicy(resolved, `${ref.namespace}/${ref.name}`);
-        this.policies.set(queue, { ref, resolved, prepared });
+        const identity = `${ref.namespace}/${ref.name}`;
+        const prepared = new PreparedPolicy(resolved, identity);
+        this.policies.set(queue, { ref, resolved, prepared, rollout: prepareRollout(res.rollout, identity) });
         this.logger.info({ event: 'rebound.policy', queue, policy: ref.name, namespace: ref.namespace, configHash: ref.configHash }, 'fallback policy cached');
       })
       .catch((err) => {

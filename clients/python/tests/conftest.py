@@ -132,14 +132,16 @@ def eventually(check, timeout=30.0, what="condition"):
 
 
 class Sidecar:
-    def __init__(self, policies_file, log, namespace="pytest"):
+    def __init__(self, policies_file, log, namespace="pytest", policies_dir=None):
+        """RetryPolicy YAML compiled locally, or with ``policies_dir`` a compiled document
+        (``policies.json`` in that directory) served as the operator wrote it."""
         binary = os.environ.get("REBOUND_SIDECAR") or str(TARGET_DIR / "debug" / "rebound-sidecar")
         if not os.path.exists(binary):
             pytest.fail(f"no sidecar at {binary}: cargo build -p rebound-sidecar")
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
-        self.args = [binary, "--policies-file", str(policies_file), "--namespace", namespace,
-                     "--listen", self.target, "--no-admin"]
+        source = ["--policies-dir", str(policies_dir)] if policies_dir else ["--policies-file", str(policies_file)]
+        self.args = [binary, *source, "--namespace", namespace, "--listen", self.target, "--no-admin"]
         self.log = log
         self.proc = None
 

@@ -208,13 +208,16 @@ end
 class Sidecar
   attr_reader :target, :port, :log
 
-  def initialize(policies_file, name, probe_queue: "flaky", namespace: "rbtest", port: nil)
+  # RetryPolicy YAML compiled locally, or with policies_dir a compiled document
+  # (policies.json in that directory) served as the operator wrote it.
+  def initialize(policies_file, name, probe_queue: "flaky", namespace: "rbtest", port: nil, policies_dir: nil)
     @probe_queue = probe_queue
     @port = port || Harness.free_port
     @target = "127.0.0.1:#{@port}"
     @log = File.join(Harness.run_dir, "#{name}.log")
     FileUtils.mkdir_p(File.dirname(@log))
-    @cmd = [File.join(Harness.bin_dir, "rebound-sidecar"), "--policies-file", policies_file, "--namespace", namespace,
+    source = policies_dir ? ["--policies-dir", policies_dir] : ["--policies-file", policies_file]
+    @cmd = [File.join(Harness.bin_dir, "rebound-sidecar"), *source, "--namespace", namespace,
             "--listen", @target, "--no-admin"]
   end
 

@@ -104,3 +104,52 @@ test('a retry budget: stretched answers say so, and the delay is the policy\'s p
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('a policy in rollout: with the sidecar killed, every job keeps its revision and its answers', { skip: !BIN && 'no rebound-sidecar binary built' }, async () => {
+  // Stable: 25 attempts from 1 s, then a dead letter; canary: 2 attempts from 300 ms, then a
+  // drop; steps of 20 % (from 2023-11-14) and 50 % (from 2025-06-15).
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rebound-rollout-'));
+  fs.copyFileSync(path.join(REPO, 'clients', 'conformance', 'rollout-policies.json'), path.join(dir, 'policies.json'));
+  const port = await closedPort();
+  const child = spawn(BIN, ['--policies-dir', dir, '--namespace', 'shop', '--listen', `127.0.0.1:${port}`, '--no-admin'], { stdio: 'ignore' });
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  const rebound = createRebound({ target: `127.0.0.1:${port}`, logger: false, deadlineMs: 2000 });
+  try {
+    await eventually(async () => (await rebound.policy('payments'))?.policy.name === 'payments', 20000, 'sidecar up');
+    // Before the first step, in the 20 % step, in the 50 % step, unknown (placed by now).
+    const firsts = [1_690_000_000_000, 1_720_000_000_000, 1_760_000_000_000, undefined];
+    const failures = Array.from({ length: 200 }, (_, i) => ({
+      queue: 'payments',
+      attempt: 1 + (i % 3),
+      jobId: `job-${i}`,
+      firstFailureUnixMs: firsts[i % 4],
+    }));
+    const verdict = (a) => [a.decision, a.delayMs, a.disposition, a.deadLetterQueue, a.reason, a.revision];
+    const want = [];
+    for (const f of failures) {
+      const a = await rebound.decide(f);
+      assert.equal(a.source, 'sidecar');
+      want.push(verdict(a));
+    }
+    const revisions = new Set(want.map((v) => v[5]));
+    assert.equal(revisions.size, 2, `both revisions among the jobs: ${[...revisions]}`);
+    assert.ok(!revisions.has(''), 'every answer names its revision');
+    child.kill('SIGKILL');
+    await exited;
+    let answers = 0;
+    let revs = 0;
+    for (const [i, f] of failures.entries()) {
+      const a = await rebound.decide(f);
+      assert.equal(a.source, 'fallback');
+      assert.equal(a.policySource, 'cached');
+      const got = verdict(a);
+      if (JSON.stringify(got.slice(0, 5)) !== JSON.stringify(want[i].slice(0, 5))) answers++;
+      if (got[5] !== want[i][5]) revs++;
+    }
+    assert.deepEqual({ answers, revs }, { answers: 0, revs: 0 }, `of ${failures.length} jobs, fallback answers and revisions that differ from the sidecar's`);
+  } finally {
+    await rebound.close();
+    child.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

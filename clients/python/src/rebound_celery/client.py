@@ -138,4 +138,5 @@ def answer_from_wire(res):
             "generation": int(res.policy.generation),
             "configHash": res.policy.config_hash,
         },
+        "revision": res.revision,
     }

@@ -21,6 +21,7 @@ from ._pb import advisor_pb2 as pb
 from .client import AdvisorClient, TargetError, answer_from_wire, resolved_from_wire
 from .decide import PreparedPolicy, backoff_delay, decide_prepared
 from . import metrics
+from .rollout_cache import pick, prepare_rollout
 
 def _load_default():
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default-policy.json"), "rb") as f:
@@ -127,6 +128,7 @@ class Rebound:
         self.default = PreparedPolicy(default_policy or DEFAULT_POLICY, DEFAULT_IDENTITY)
         self._lock = threading.Lock()
         self._policies = {}  # queue -> (configHash, resolved, PreparedPolicy)
+        self._rollouts = {}  # queue -> CachedRollout, while its cached policy rolls out
         self._refreshing = set()
         self._absent = set()  # queues the sidecar has no policy for (NOT_FOUND)
         self.queues = set()  # the queues of this worker (prefetched at start)
@@ -157,6 +159,11 @@ class Rebound:
         with self._lock:
             return self._policies.get(queue)
 
+    def _cached_with_rollout(self, queue):
+        """The cached policy and its rollout (None when not in rollout), read together."""
+        with self._lock:
+            return self._policies.get(queue), self._rollouts.get(queue)
+
     def _fetch(self, queue, timeout=None, quiet=False):
         """GetPolicy for the queue now (the caller's thread): None on success, else the cause."""
         if self.client is None:
@@ -174,9 +181,15 @@ class Rebound:
             return cause
         ref = res.policy
         resolved = resolved_from_wire(res.resolved)
-        prepared = PreparedPolicy(resolved, f"{ref.namespace}/{ref.name}")
+        identity = f"{ref.namespace}/{ref.name}"
+        prepared = PreparedPolicy(resolved, identity)
+        rollout = prepare_rollout(res, identity)
         with self._lock:
             self._policies[queue] = (ref.config_hash, resolved, prepared)
+            if rollout is None:
+                self._rollouts.pop(queue, None)
+            else:
+                self._rollouts[queue] = rollout
             self._absent.discard(queue)
         _log("info", "rebound.policy_fetched", queue=queue, policy=f"{ref.namespace}/{ref.name}",
              config_hash=ref.config_hash, target=self.target)
@@ -273,7 +286,7 @@ class Rebound:
                     "policySource": "default", "lastResort": True,
                     "disposition": "DISPOSITION_UNSPECIFIED", "deadLetterQueue": "",
                     "reason": "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage": "",
-                    "budgetStretched": False, "budgetDelayMs": 0}
+                    "budgetStretched": False, "budgetDelayMs": 0, "revision": ""}
 
     def _decide(self, f):
         try:
@@ -296,11 +309,15 @@ class Rebound:
                 self.prefetch_in_background()
         except Exception as err:
             cause = "bad_target" if isinstance(err, TargetError) else _cause(err)
-            cached = self.cached_policy(f["queue"])
-            prepared = cached[2] if cached else self.default
+            cached, rollout = self._cached_with_rollout(f["queue"])
             ctx = {k: f[k] for k in ("jobId", "errorClass", "firstFailureUnixMs", "retryAfterMs") if k in f}
-            ctx["nowUnixMs"] = int(time.time() * 1000)
+            ctx["nowUnixMs"] = now = int(time.time() * 1000)
+            if "firstFailureUnixMs" in ctx:  # clamped to now, as the sidecar clamps it
+                ctx["firstFailureUnixMs"] = min(ctx["firstFailureUnixMs"], now)
+            prepared, revision = (pick(cached[2], rollout, f.get("jobId"), ctx.get("firstFailureUnixMs"), now)
+                                  if cached else (self.default, ""))
             answer = decide_prepared(prepared, f["attempt"], ctx)
+            answer["revision"] = revision
             # A retry budget is one sidecar's schedule: a local answer is never stretched.
             answer["budgetStretched"], answer["budgetDelayMs"] = False, 0
             answer["source"] = "fallback"

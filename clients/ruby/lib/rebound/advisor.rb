@@ -6,6 +6,7 @@ require "time"
 require "rebound/client"
 require "rebound/decide"
 require "rebound/metrics"
+require "rebound/rollout_cache"
 
 module Rebound
   class << self
@@ -84,7 +85,7 @@ module Rebound
       @store = store
       @default = Decide::PreparedPolicy.new(default_policy || DEFAULT_POLICY, DEFAULT_IDENTITY)
       @lock = Mutex.new
-      @policies = {} # queue -> [config_hash, resolved, PreparedPolicy]
+      @policies = {} # queue -> [config_hash, resolved, PreparedPolicy, CachedRollout or nil]
       @refreshing = {}
       @pending = [] # queues a prefetch could not load from the sidecar
       @counters = {"decisions" => Hash.new(0), "fallback" => Hash.new(0), "dead_lettered" => 0, "dropped" => 0}
@@ -125,10 +126,13 @@ module Rebound
       res = @client.get_policy(queue)
       ref = res.policy
       resolved = self.class.resolved_from_wire(res.resolved)
-      remember(queue, ref.config_hash, resolved, "#{ref.namespace}/#{ref.name}")
+      rollout = CachedRollout.hash_from_wire(res.rollout)
+      remember(queue, ref.config_hash, resolved, "#{ref.namespace}/#{ref.name}", rollout)
       begin
-        @store&.write(queue, {"configHash" => ref.config_hash, "name" => ref.name, "namespace" => ref.namespace,
-                              "generation" => ref.generation.to_i, "resolved" => resolved})
+        entry = {"configHash" => ref.config_hash, "name" => ref.name, "namespace" => ref.namespace,
+                 "generation" => ref.generation.to_i, "resolved" => resolved}
+        entry["rollout"] = rollout if rollout # other processes must assign jobs alike
+        @store&.write(queue, entry)
       rescue StandardError => e
         Rebound.log("warn", "rebound.policy_store_failed", queue: queue, error: e.message.to_s[0, 300])
       end
@@ -231,6 +235,7 @@ module Rebound
         "budgetStretched" => res.budget_stretched, "budgetDelayMs" => res.budget_delay_ms,
         "policy" => {"name" => res.policy&.name.to_s, "namespace" => res.policy&.namespace.to_s,
                      "generation" => res.policy&.generation.to_i, "configHash" => res.policy&.config_hash.to_s},
+        "revision" => res.revision.to_s,
       }
     end
 
@@ -242,9 +247,10 @@ module Rebound
       {"queue" => queue.to_s, "attempt" => 1}
     end
 
-    def remember(queue, config_hash, resolved, identity)
+    def remember(queue, config_hash, resolved, identity, rollout = nil)
       prepared = Decide::PreparedPolicy.new(resolved, identity)
-      @lock.synchronize { @policies[queue] = [config_hash, resolved, prepared] }
+      cached = [config_hash, resolved, prepared, CachedRollout.from_hash(rollout, identity)]
+      @lock.synchronize { @policies[queue] = cached }
     end
 
     def forget(queue)
@@ -258,7 +264,7 @@ module Rebound
     def load_stored(queue)
       e = @store&.read(queue)
       return false unless e.is_a?(Hash) && e["resolved"].is_a?(Hash)
-      remember(queue, e["configHash"].to_s, e["resolved"], "#{e["namespace"]}/#{e["name"]}")
+      remember(queue, e["configHash"].to_s, e["resolved"], "#{e["namespace"]}/#{e["name"]}", e["rollout"])
       Rebound.log("info", "rebound.policy_loaded", queue: queue, policy: "#{e["namespace"]}/#{e["name"]}",
         config_hash: e["configHash"], from: "store")
       true
@@ -338,9 +344,17 @@ module Rebound
       cached = cached_policy(f["queue"])
       cached = cached_policy(f["queue"]) if cached.nil? && load_stored(f["queue"])
       ctx = f.slice("jobId", "errorClass", "firstFailureUnixMs", "retryAfterMs")
-      ctx["nowUnixMs"] = (Time.now.to_r * 1000).to_i
-      a = Decide.decide_prepared(cached ? cached[2] : @default, f["attempt"], ctx)
+      ctx["nowUnixMs"] = now = (Time.now.to_r * 1000).to_i
+      # Clamped to now, as the sidecar clamps it before assigning and deciding.
+      ctx["firstFailureUnixMs"] = [ctx["firstFailureUnixMs"], now].min if ctx.key?("firstFailureUnixMs")
+      prepared, revision =
+        if cached.nil? then [@default, ""]
+        elsif cached[3] then cached[3].pick(cached[2], f["jobId"], ctx["firstFailureUnixMs"], now)
+        else [cached[2], ""]
+        end
+      a = Decide.decide_prepared(prepared, f["attempt"], ctx)
       a["source"] = "fallback"
+      a["revision"] = revision
       a["policySource"] = cached ? "cached" : "default"
       # A retry budget is one sidecar's schedule: a local answer is never stretched.
       a["budgetStretched"] = false
@@ -361,7 +375,7 @@ module Rebound
        "policySource" => "default", "lastResort" => true,
        "disposition" => "DISPOSITION_UNSPECIFIED", "deadLetterQueue" => "",
        "reason" => "GIVE_UP_REASON_UNSPECIFIED", "reasonMessage" => "",
-       "budgetStretched" => false, "budgetDelayMs" => 0}
+       "budgetStretched" => false, "budgetDelayMs" => 0, "revision" => ""}
     end
   end
 end

@@ -126,7 +126,7 @@ module Rebound
       res = @client.get_policy(queue)
       ref = res.policy
       resolved = self.class.resolved_from_wire(res.resolved)
-      rollout = CachedRollout.hash_from_wire(res.rollout)
+      rollout = CachedRollout.hash_from_wire(res.rollout) { |canary| self.class.resolved_from_wire(canary) }
       remember(queue, ref.config_hash, resolved, "#{ref.namespace}/#{ref.name}", rollout)
       begin
         entry = {"configHash" => ref.config_hash, "name" => ref.name, "namespace" => ref.namespace,

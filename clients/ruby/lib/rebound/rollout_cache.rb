@@ -18,12 +18,14 @@ module Rebound
       new(h, identity)
     end
 
-    # The stored form of GetPolicyResponse.rollout; nil when the policy is not in rollout.
+    # The stored form of GetPolicyResponse.rollout, its canary turned into a resolved policy
+    # by the block (the caller's wire reader, so that this file needs nothing above it); nil
+    # when the policy is not in rollout.
     def self.hash_from_wire(r)
       return nil if r.nil? || r.canary.nil?
 
       {"revision" => r.revision, "stableRevision" => r.stable_revision,
-       "canary" => Advisor.resolved_from_wire(r.canary),
+       "canary" => yield(r.canary),
        "steps" => r.steps.map { |s| {"weight" => s.weight, "startUnixMs" => s.start_unix_ms} }}
     end
 

@@ -19,7 +19,12 @@ use crate::{
 };
 
 mod rollout;
+mod rollout_status;
 pub use rollout::{OnInconclusive, RolloutAnalysis, RolloutSpec, RolloutStep};
+pub use rollout_status::{
+    AnalysisStatus, AnalysisVerdict, RolloutAction, RolloutPhase, RolloutRequest, RolloutStatus,
+    StartedStep,
+};
 
 /// Declares how the jobs of some queues are retried and what happens when they stop.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -277,6 +282,9 @@ pub struct RetryPolicyStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<ScheduleSummary>,
+    /// Present for a policy that declares `spec.rollout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
 }
 
 /// A condition in the standard Kubernetes shape.

@@ -290,6 +290,7 @@ pub fn desired(
             condition(STALLED, w.stalled),
         ],
         summary,
+        rollout: None,
     }
 }
 

@@ -47,10 +47,13 @@ pub fn answer(root: &Command, words: &[String]) -> String {
         Some((last, rest)) => (last.as_str(), rest),
         None => ("", &[][..]),
     };
-    let sub = before
-        .iter()
-        .find_map(|w| root.get_subcommands().find(|s| s.get_name() == w));
-    let command = sub.unwrap_or(root);
+    // Down the subcommands the words name (`rollout status`), as deep as they go.
+    let mut command = root;
+    for w in before {
+        if let Some(s) = command.get_subcommands().find(|s| s.get_name() == w) {
+            command = s;
+        }
+    }
     let mut lines = Vec::new();
     let mut directive = NO_FILES;
 
@@ -88,8 +91,8 @@ pub fn answer(root: &Command, words: &[String]) -> String {
                 lines.push(flag.to_owned());
             }
         }
-    } else if sub.is_none() {
-        for s in root.get_subcommands().filter(|s| s.get_name() != "help") {
+    } else if command.has_subcommands() {
+        for s in command.get_subcommands().filter(|s| s.get_name() != "help") {
             if s.get_name().starts_with(partial) {
                 lines.push(described(s.get_name(), s.get_about()));
             }

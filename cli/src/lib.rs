@@ -2,7 +2,8 @@
 //! RetryPolicies, from files or from a cluster, with the same code the operator and the
 //! sidecar run.
 //!
-//! Exit codes: 0 all good; 1 findings (an invalid policy); 2 usage or I/O errors.
+//! Exit codes: 0 all good; 1 findings (an invalid policy, a refused rollout request); 2
+//! usage or I/O errors; `rollout status` adds 3 (not finished).
 
 use std::{ffi::OsString, process::ExitCode};
 
@@ -21,6 +22,7 @@ mod load;
 mod output;
 mod plot;
 mod report;
+mod rollout;
 mod simulate;
 mod storm;
 mod svg;
@@ -84,6 +86,11 @@ enum Command {
     /// Add the Rebound sidecar to the Pod templates of manifests annotated
     /// rebound.dev/inject: "true", exactly as the chart's admission policy does.
     Inject(inject::Args),
+    /// Watch a policy's rollout (status) and promote, abort or retry it.
+    Rollout {
+        #[command(subcommand)]
+        what: rollout::Command,
+    },
 }
 
 /// The command name users type: `kubectl rebound` when run as the kubectl plugin.
@@ -134,7 +141,9 @@ pub fn main() -> ExitCode {
         Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{name}: {e:#}");
-            if e.downcast_ref::<Findings>().is_some() {
+            if e.downcast_ref::<Findings>().is_some()
+                || e.downcast_ref::<rollout::Refused>().is_some()
+            {
                 ExitCode::from(1)
             } else {
                 ExitCode::from(2)
@@ -161,5 +170,6 @@ fn run(cli: Cli, name: &str) -> Result<ExitCode> {
         Command::Completion(args) => complete::script(&args, &mut Cli::command(), name),
         Command::Check(args) => check::run(cluster, &args),
         Command::Inject(args) => inject::run(&args),
+        Command::Rollout { what } => rollout::run(cluster, &what),
     }
 }

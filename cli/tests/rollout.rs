@@ -15,7 +15,7 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use rebound_policy::RetryPolicy;
-use rebound_tests::TestEnv;
+use rebound_tests::{TestEnv, repo_root, yaml_documents};
 use serde_json::{Value, json};
 
 const NEW: &str = "sha256:1a2b3c4d5e6f1a2b3c4d5e6f1a2b3c4d5e6f1a2b3c4d5e6f1a2b3c4d5e6f1a2b";
@@ -127,6 +127,10 @@ impl Env {
 
     fn run(&self, args: &[&str]) -> Result<Output> {
         Ok(self.command(args).output()?)
+    }
+
+    fn run_as(&self, kubeconfig: &std::path::Path, args: &[&str]) -> Result<Output> {
+        Ok(self.command(args).env("KUBECONFIG", kubeconfig).output()?)
     }
 }
 
@@ -424,5 +428,76 @@ async fn status_watches_until_healthy_or_degraded() -> Result<()> {
     e.write_status("pay", "Degraded", 2).await?;
     assert_eq!(watch.next()?["state"], "Degraded");
     assert_eq!(watch.exit()?, Some(1));
+    Ok(())
+}
+
+/// A cluster-scoped object this test created, deleted when it ends.
+struct ClusterObject<'a>(&'a TestEnv, &'a str);
+
+impl Drop for ClusterObject<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kubectl(["delete", self.1, "--ignore-not-found"]);
+    }
+}
+
+/// The ClusterRole of deploy/rbac.yaml (the chart's, aggregated into `edit`) is all a
+/// person needs; without it the request is refused by the API server, with the role named.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rollout_cluster_role_is_what_requests_need() -> Result<()> {
+    let e = Env::new("cli-rollout-rbac").await?;
+    let ns = e.env.namespace.clone();
+    e.apply(&manifest("pay", true, 5))?;
+    e.write_status("pay", "Progressing", 1).await?;
+    let mut role = yaml_documents(&repo_root().join("deploy/rbac.yaml"))?
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "rebound-rollout")
+        .context("deploy/rbac.yaml has the ClusterRole rebound-rollout")?;
+    let name = format!("rebound-rollout-{ns}");
+    role["metadata"] = json!({"name": name});
+    e.env
+        .kubectl_stdin(["apply", "-f", "-"], &role.to_string())?
+        .ok()?;
+    let object = format!("clusterrole/{name}");
+    let _role = ClusterObject(&e.env, &object);
+    e.env
+        .kubectl([
+            "-n",
+            &ns,
+            "create",
+            "rolebinding",
+            "rollout",
+            "--clusterrole",
+            &name,
+            "--user",
+            "rollout-alice",
+        ])?
+        .ok()?;
+    let alice = e.env.cluster.mint_user_kubeconfig("rollout-alice", &[])?;
+    let bob = e.env.cluster.mint_user_kubeconfig("rollout-bob", &[])?;
+
+    let before = e.read("pay").await?;
+    let out = e.run_as(&bob, &["rollout", "promote", "pay"])?;
+    assert_eq!(
+        code(&out),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        e.read("pay").await?["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"]
+    );
+    let out = e.run_as(
+        &alice,
+        &["rollout", "status", "pay", "--watch=false", "-o", "json"],
+    )?;
+    assert_eq!(
+        code(&out),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = e.run_as(&alice, &["rollout", "promote", "pay", "-o", "json"])?;
+    check_request(&e, "pay", &before, "Promote", &out).await?;
     Ok(())
 }

@@ -428,6 +428,30 @@ async fn status_watches_until_healthy_or_degraded() -> Result<()> {
     e.write_status("pay", "Degraded", 2).await?;
     assert_eq!(watch.next()?["state"], "Degraded");
     assert_eq!(watch.exit()?, Some(1));
+
+    // A policy without spec.rollout: its conditions decide, so one command gates any policy.
+    e.apply(&manifest("plain", false, 5))?;
+    let plain = |phase: &str| -> Result<Value> {
+        let mut s = status(phase, 1);
+        s["status"]["rollout"] = Value::Null;
+        Ok(s)
+    };
+    let params = PatchParams::default();
+    e.api
+        .patch_status("plain", &params, &Patch::Merge(plain("Degraded")?))
+        .await?;
+    let out = e.run(&["rollout", "status", "plain", "-o", "json"])?;
+    assert_eq!(code(&out), Some(1), "Stalled=True");
+    e.api
+        .patch_status("plain", &params, &Patch::Merge(plain("Healthy")?))
+        .await?;
+    let out = e.run(&["rollout", "status", "plain", "-o", "json"])?;
+    assert_eq!(code(&out), Some(0), "Ready=True");
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        (v["state"].clone(), v["phase"].clone()),
+        (json!("Healthy"), Value::Null)
+    );
     Ok(())
 }
 

@@ -264,6 +264,21 @@ async fn requests_write_only_status_rollout_request() -> Result<()> {
     unchanged(&before, &e.read("pay").await?, "retry when Progressing");
 
     let first = check_request(&e, "pay", &before, "Promote", &e.run(&promote)?).await?;
+    // `status` shows the request until the operator records it as handled.
+    let look = || -> Result<Value> {
+        let out = e.run(&["rollout", "status", "pay", "--watch=false", "-o", "json"])?;
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let pending = &look()?["pendingRequest"];
+    assert_eq!(
+        (pending["action"].as_str(), pending["id"].as_str()),
+        (Some("Promote"), Some(first.as_str()))
+    );
+    let handled = json!({"status": {"rollout": {"handledRequest": first}}});
+    e.api
+        .patch_status("pay", &PatchParams::default(), &Patch::Merge(handled))
+        .await?;
+    assert_eq!(look()?.get("pendingRequest"), None);
     let out = e.run(&["rollout", "promote", "--full", "pay", "-o", "json"])?;
     let second = check_request(&e, "pay", &before, "PromoteFull", &out).await?;
     assert_ne!(first, second, "each request has its own id");

@@ -3,7 +3,7 @@
 
 use rebound_policy::{
     RetryPolicy,
-    spec::{AnalysisStatus, AnalysisVerdict, Condition, RolloutPhase},
+    spec::{AnalysisStatus, AnalysisVerdict, Condition, RolloutPhase, RolloutRequest},
 };
 use serde::Serialize;
 
@@ -51,6 +51,10 @@ pub struct View {
     pub weight: Option<i32>,
     pub analysis: Option<Analysis>,
     pub message: String,
+    /// `status.rollout.request` while the operator has not acted on it (its `id` is not
+    /// `handledRequest`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_request: Option<RolloutRequest>,
 }
 
 /// `status.rollout.analysis` with the two bad-job ratios worked out.
@@ -112,6 +116,7 @@ impl View {
             weight: None,
             analysis: None,
             message: String::new(),
+            pending_request: None,
         };
         let current = observed.is_some() && observed == generation;
         let conditions = status.map(|s| &s.conditions[..]).unwrap_or_default();
@@ -122,6 +127,10 @@ impl View {
                 view.stable_revision = Some(rollout.stable_revision.clone());
                 view.analysis = rollout.analysis.as_ref().map(Analysis::from);
                 view.message = rollout.message.clone();
+                view.pending_request = rollout
+                    .request
+                    .clone()
+                    .filter(|r| rollout.handled_request.as_deref() != Some(r.id.as_str()));
                 let step = matches!(
                     rollout.phase,
                     RolloutPhase::Progressing | RolloutPhase::Paused
@@ -206,6 +215,14 @@ impl View {
         if !self.message.is_empty() {
             out.push_str(&format!("Message:   {}\n", self.message));
         }
+        if let Some(r) = &self.pending_request {
+            out.push_str(&format!(
+                "Request:   {:?} of {} (id {}), not acted on yet\n",
+                r.action,
+                short(&r.revision),
+                r.id
+            ));
+        }
         out
     }
 }
@@ -240,7 +257,7 @@ fn analysis_text(a: &Analysis) -> String {
     };
     format!(
         "{:?}: bad-job ratio new {} vs stable {}; e-value {:.2} (threshold {:.2}); \
-         step sample {} of {} failed jobs",
+         step sample {} failed jobs (minimum {})",
         a.verdict,
         ratio(a.bad_ratio_new, a.bad_new, a.failed_new),
         ratio(a.bad_ratio_stable, a.bad_stable, a.failed_stable),

@@ -441,7 +441,8 @@ async fn kubectl_completes_the_plugin() -> Result<()> {
             "ask",
             "completion",
             "check",
-            "inject"
+            "inject",
+            "rollout"
         ]
     );
     assert_eq!(directive, 4, "no file names for a subcommand");
@@ -453,5 +454,9 @@ async fn kubectl_completes_the_plugin() -> Result<()> {
     assert_eq!(directive, 0, "-f completes file names");
     let (flags, _) = complete(&["explain", "q", "--na"])?;
     assert_eq!(flags, ["--namespace"]);
+    let (actions, _) = complete(&["rollout", ""])?;
+    assert_eq!(actions, ["status", "promote", "abort", "retry"]);
+    let (flags, _) = complete(&["rollout", "status", "p", "--w"])?;
+    assert_eq!(flags, ["--watch"]);
     Ok(())
 }

@@ -49,7 +49,7 @@ pub struct RolloutStatus {
     pub handled_request: Option<String>,
     /// The last report of each sidecar process (epoch) for `revision`, kept so that an
     /// operator restart or a leader change loses nothing beyond the last report. At most
-    /// [`MAX_EPOCHS`] entries: past it, the entries of sidecars no longer reporting merge
+    /// 64 entries (`MAX_EPOCHS`): past it, the entries of sidecars no longer reporting merge
     /// into one `retired` entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 65), extend("x-kubernetes-list-type" = "atomic"))]

@@ -116,16 +116,14 @@ pub fn step(input: Input<'_>) -> Transition {
     );
     // The stable revision is what serves outside the canary: without it readable there is
     // nothing to roll from (see `stable_params`).
-    if rolling || prev.stable_revision != revision {
-        if stable_params(prev).is_none() {
-            let why = "status.rollout.stableParams is missing, unreadable or not the \
-                       stable revision; the spec's revision serves every job"
-                .to_owned();
-            out.status = healthy(input.params, &revision);
-            out.status.handled_request = prev.handled_request.clone();
-            out.happened.push(RolloutEvent::StatusUnreadable { why });
-            return out;
-        }
+    if (rolling || prev.stable_revision != revision) && stable_params(prev).is_none() {
+        let why = "status.rollout.stableParams is missing, unreadable or not the stable \
+                   revision; the spec's revision serves every job"
+            .to_owned();
+        out.status = healthy(input.params, &revision);
+        out.status.handled_request = prev.handled_request.clone();
+        out.happened.push(RolloutEvent::StatusUnreadable { why });
+        return out;
     }
     if revision != prev.revision {
         if revision == prev.stable_revision {

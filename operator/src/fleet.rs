@@ -31,21 +31,14 @@ pub const TICK: Duration = Duration::from_secs(1);
 pub const RESUMED_AFTER: Duration = Duration::from_secs(5);
 
 /// Keeps only what counting and rollouts need (name, namespace, labels, holder, renewal,
-/// the evidence report): the rest of
-/// a Lease is dropped as it arrives.
+/// the evidence report): the rest of a Lease is dropped as it arrives.
 pub fn slim_lease(lease: &mut Lease) {
-    use rebound_policy::rollout::evidence::{EVIDENCE_ANNOTATION, MAX_EVIDENCE_BYTES};
     let meta = &mut lease.metadata;
     meta.managed_fields = None;
-    // Of the annotations only a rollout evidence report stays, and only when present; one
-    // over the limit becomes a short text the report's parser refuses (and names).
+    // Of the annotations only a rollout evidence report stays (bounded when read: see
+    // `lenient`), and only when present.
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == EVIDENCE_ANNOTATION);
-        for text in annotations.values_mut() {
-            if text.len() > MAX_EVIDENCE_BYTES {
-                *text = format!("{{\"oversized\":{}}}", text.len());
-            }
-        }
+        annotations.retain(|k, _| k == rebound_policy::rollout::evidence::EVIDENCE_ANNOTATION);
     }
     if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
         meta.annotations = None;

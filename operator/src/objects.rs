@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
+use rebound_policy::spec::{RolloutRequest, RolloutStatus};
 use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 use serde::Deserialize;
 
@@ -40,7 +41,7 @@ pub struct PolicyView {
     /// `None` when absent or unreadable (then it is simply rewritten).
     pub status: Option<StatusSeen>,
     /// `status.rollout`, only for a policy that has one (boxed: others pay a pointer).
-    pub rollout: Option<Box<crate::rollout::RolloutSeen>>,
+    pub rollout: Option<Box<RolloutSeen>>,
 }
 
 impl PolicyView {
@@ -61,7 +62,7 @@ impl PolicyView {
         let rollout = status
             .as_ref()
             .and_then(|s| s.rollout.clone())
-            .map(|r| Box::new(crate::rollout::RolloutSeen::of(r)));
+            .map(|r| Box::new(RolloutSeen::of(r)));
         let status = status.map(|s| StatusSeen::of(&s));
         Some(Self {
             name: meta.name.clone()?,
@@ -96,6 +97,22 @@ impl PolicyView {
             uid: Some(self.uid.clone()),
             ..Default::default()
         }
+    }
+}
+
+/// What a policy shows of its rollout: the operator's fields and a person's request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutSeen {
+    /// `status.rollout` without `request`.
+    pub status: RolloutStatus,
+    pub request: Option<RolloutRequest>,
+}
+
+impl RolloutSeen {
+    /// Splits a policy's `status.rollout`.
+    pub fn of(mut status: RolloutStatus) -> Self {
+        let request = status.request.take();
+        Self { status, request }
     }
 }
 

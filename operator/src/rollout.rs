@@ -12,11 +12,12 @@ use std::sync::Arc;
 use rebound_policy::compiled::{CompiledRollout, compiled_rollout};
 use rebound_policy::resolve::{ResolvedPolicy, resolve_rollout};
 use rebound_policy::rollout::machine::{self, Input, RolloutEvent, Transition};
-use rebound_policy::spec::{RolloutRequest, RolloutStatus};
+use rebound_policy::spec::RolloutStatus;
 use rebound_policy::{CompiledPolicy, resolve};
 
 use crate::freshness::newest;
 use crate::objects::PolicyView;
+pub use crate::objects::RolloutSeen;
 
 pub mod conditions;
 pub mod evidence;
@@ -35,22 +36,6 @@ pub struct Plan {
 
 /// Plans by policy name.
 pub type Plans = HashMap<String, Plan>;
-
-/// What a policy shows of its rollout: the operator's fields and a person's request.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RolloutSeen {
-    /// `status.rollout` without `request`.
-    pub status: RolloutStatus,
-    pub request: Option<RolloutRequest>,
-}
-
-impl RolloutSeen {
-    /// Splits a policy's `status.rollout`.
-    pub fn of(mut status: RolloutStatus) -> Self {
-        let request = status.request.take();
-        Self { status, request }
-    }
-}
 
 /// Runs the machine for every policy of the namespace with a valid `spec.rollout`.
 /// `written` holds the rollout statuses this operator wrote that the watch cache may not

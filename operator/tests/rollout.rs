@@ -400,3 +400,60 @@ async fn a_step_with_a_pause_passes_by_itself() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// A leader change mid-rollout: the standby that takes over continues the same step with
+/// the same start time and the evidence the old leader kept in status.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_leader_resumes_the_rollout() -> Result<()> {
+    let env = TestEnv::new("op-rollout-leader").await?;
+    let (client, ns) = (&env.client, env.namespace.as_str());
+    let args = |id: &str| {
+        let mut a = scoped(
+            ns,
+            &["--resync=1h", "--lease-duration=6", "--lease-grace=2"],
+        );
+        a.push(format!("--identity={id}"));
+        a
+    };
+    let mut first = Operator::start(env.cluster.kubeconfig(), args("replica-a"))?;
+    eventually("replica-a to lead", WAIT, || async {
+        Ok(first.is_leader().then_some(()))
+    })
+    .await?;
+    let second = Operator::start(env.cluster.kubeconfig(), args("replica-b"))?;
+    let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
+    let steps = "[{weight: 50}]";
+    apply(&env, &manifest(25, steps, "{}"))?;
+    rollout_when(&api, "Healthy", |r| r.phase == RolloutPhase::Healthy).await?;
+    apply(&env, &manifest(4, steps, "{}"))?;
+    let p = rollout_when(&api, "Paused", |r| r.phase == RolloutPhase::Paused).await?;
+    let before = rollout(&p);
+    let failed = |r: &RolloutStatus| r.analysis.map(|a| a.failed_new + a.failed_stable);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let lease =
+        |epoch: &str, n: u64| evidence_lease("a", epoch, &before.revision, counts(50, n, 1, 2));
+    put_lease(&leases, lease("00000000000000d1", 100)?).await?;
+    rollout_when(&api, "100 jobs", |r| failed(r) == Some(100)).await?;
+    ensure!(second.writes()? == 0.0, "the standby wrote");
+
+    first.kill();
+    eventually(
+        "replica-b to take over",
+        Duration::from_secs(60),
+        || async { Ok(second.is_leader().then_some(())) },
+    )
+    .await?;
+    // The same sidecar restarted meanwhile: a new epoch, added to the old one's last report.
+    put_lease(&leases, lease("00000000000000d2", 30)?).await?;
+    let p = rollout_when(&api, "130 jobs under the new leader", |r| {
+        failed(r) == Some(130)
+    })
+    .await?;
+    let after = rollout(&p);
+    ensure!(
+        after.steps == before.steps && after.step == before.step,
+        "{after:?}"
+    );
+    ensure!(second.writes()? > 0.0);
+    Ok(())
+}

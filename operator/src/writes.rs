@@ -173,7 +173,13 @@ pub(crate) async fn write_statuses(
                     .collect()
             })
             .unwrap_or_default();
-        notes.extend(status::event(&verdict, current.as_ref(), &desired));
+        // While a rollout runs, its own Events say what changed.
+        let rolling = plan.is_some_and(|p| {
+            p.transition.status.phase != rebound_policy::spec::RolloutPhase::Healthy
+        });
+        if !(rolling && matches!(verdict, Verdict::Serving { .. })) {
+            notes.extend(status::event(&verdict, current.as_ref(), &desired));
+        }
         writes.push((view, desired, seen, notes));
     }
 

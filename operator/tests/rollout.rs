@@ -356,6 +356,16 @@ async fn a_restart_resumes_with_the_same_step_and_evidence() -> Result<()> {
     );
     ensure!(after.step == before.step && after.phase == RolloutPhase::Paused);
     ensure!(after.evidence.len() == 2, "{:?}", after.evidence);
+    // Reports move the rollout's figures, not Ready: one `Compiled` Event (first sight),
+    // however many reports came.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let compiled: i32 = events(client, ns)
+        .await?
+        .iter()
+        .filter(|e| e.reason == "Compiled" && e.regarding == "payments")
+        .map(|e| e.count)
+        .sum();
+    ensure!(compiled == 1, "{compiled} Compiled Events");
     Ok(())
 }
 

@@ -63,11 +63,18 @@ pub fn decorate(
             ("False", degraded_reason),
         ),
     };
+    // Ready's message changes only with the step, never with each report: a change of
+    // Ready is an Event (`status::event`).
+    let short = message.split("; ").next().unwrap_or_default().to_owned();
     let condition = |type_: &str, (s, r): (&str, &str)| Condition {
         type_: type_.to_owned(),
         status: s.to_owned(),
         reason: r.to_owned(),
-        message: message.clone(),
+        message: if [READY, RECONCILING, STALLED].contains(&type_) {
+            short.clone()
+        } else {
+            message.clone()
+        },
         observed_generation: Some(generation),
         last_transition_time: current
             .and_then(|c| c.since(type_, s))

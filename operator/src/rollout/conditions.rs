@@ -110,3 +110,72 @@ pub fn decorate(
     ]);
     status.rollout = Some(rollout.clone());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::desired;
+    use rebound_policy::FieldError;
+
+    fn of<'a>(s: &'a RetryPolicyStatus, type_: &str) -> (&'a str, &'a str) {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition");
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    fn decorated(phase: RolloutPhase, verdict: &Verdict) -> RetryPolicyStatus {
+        let mut status = desired(3, verdict, None, None, "T", "cm");
+        let rollout = RolloutStatus {
+            phase,
+            message: "step 1 of 2 at 10 %; bad jobs: …".to_owned(),
+            ..RolloutStatus::default()
+        };
+        decorate(&mut status, &rollout, verdict, None, "T");
+        status
+    }
+
+    #[test]
+    fn kstatus_and_argo_conditions_follow_the_phase() {
+        let serving = Verdict::Serving {
+            serving: vec!["q".to_owned()],
+        };
+        let s = decorated(RolloutPhase::Progressing, &serving);
+        assert_eq!(of(&s, READY), ("False", reason::ROLLING_OUT));
+        assert_eq!(of(&s, RECONCILING), ("True", reason::ROLLING_OUT));
+        assert_eq!(of(&s, STALLED).0, "False");
+        assert_eq!(of(&s, PROGRESSING), ("True", reason::ROLLOUT_STEP));
+        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(ready.message, "step 1 of 2 at 10 %", "no figures in Ready");
+        let s = decorated(RolloutPhase::Paused, &serving);
+        assert_eq!(of(&s, PROGRESSING), ("True", reason::ROLLOUT_PAUSED));
+        assert_eq!(of(&s, RECONCILING).0, "True");
+        let s = decorated(RolloutPhase::Degraded, &serving);
+        assert_eq!(of(&s, STALLED), ("True", reason::ABORTED));
+        assert_eq!(of(&s, DEGRADED), ("True", reason::ABORTED));
+        assert_eq!(of(&s, READY).0, "False");
+        let s = decorated(RolloutPhase::Healthy, &serving);
+        assert_eq!(of(&s, READY), ("True", "Compiled"));
+        assert_eq!(of(&s, HEALTHY), ("True", reason::ROLLOUT_COMPLETE));
+        assert_eq!(of(&s, PROGRESSING).0, "False");
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3))
+        );
+    }
+
+    #[test]
+    fn a_policy_not_served_keeps_saying_why() {
+        let invalid = Verdict::Invalid(vec![FieldError {
+            field: "spec.backoff.cap".to_owned(),
+            message: "below base".to_owned(),
+        }]);
+        let s = decorated(RolloutPhase::Progressing, &invalid);
+        assert_eq!(of(&s, READY), ("False", "InvalidSpec"));
+        assert_eq!(of(&s, STALLED), ("True", "InvalidSpec"));
+        assert_eq!(of(&s, PROGRESSING).0, "True");
+    }
+}

@@ -312,6 +312,9 @@ impl Router {
                 let now = std::time::Instant::now();
                 let mut touched = self.membership.event(stream, scope.as_deref(), &event, now);
                 for ns in self.reports.event(&event) {
+                    // Many sidecars reporting: one compile a second, as for a burst of
+                    // policy changes; a lone report is not delayed.
+                    self.bursts.event(&ns, now);
                     if !touched.contains(&ns) {
                         touched.push(ns);
                     }

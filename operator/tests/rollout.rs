@@ -252,6 +252,8 @@ async fn bad_evidence_rolls_back() -> Result<()> {
     })
     .await?;
 
+    // Real reports come long after the change: not within the burst of the apply.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // 1000 failed jobs, 100 on the canary; 60 of its 100 gave up against 40 of 900.
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let bad = counts(10, 1000, 60, 100);

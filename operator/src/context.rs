@@ -24,6 +24,8 @@ pub struct Stores {
     pub configmaps: Vec<Cache<ConfigMapView>>,
     /// Live sidecars per namespace, from the sidecar Lease watch.
     pub sidecars: crate::fleet::Counts,
+    /// The sidecars' rollout evidence reports, from the same watch.
+    pub reports: crate::rollout::Reports,
 }
 
 impl Stores {
@@ -55,9 +57,13 @@ pub struct Memory {
     pub(crate) configmap: Option<Written<ConfigMapView>>,
     /// Status writes the watch cache has not caught up with yet.
     pub(crate) statuses: HashMap<String, Written<StatusSeen>>,
+    /// Of those, the `status.rollout` written (policies in rollout only), by uid.
+    pub(crate) rollouts: HashMap<String, Written<rebound_policy::spec::RolloutStatus>>,
     pub(crate) summaries: HashMap<String, (i64, Arc<ScheduleSummary>)>,
     /// The namespace's document as last compressed (only when it is stored compressed).
     pub(crate) compressed: crate::configmap::Compressed,
+    /// When a rollout of the namespace must be looked at again (Unix ms).
+    pub(crate) next_rollout_check_ms: Option<u64>,
     /// Since when ConfigMap writes have failed, while they do.
     pub(crate) apply_failing_since: Option<std::time::Instant>,
 }
@@ -79,7 +85,7 @@ pub struct Context {
 impl Memory {
     /// Writes of ours the watch cache has not shown yet (forgotten once it has).
     pub(crate) fn has_unconfirmed_writes(&self) -> bool {
-        self.configmap.is_some() || !self.statuses.is_empty()
+        self.configmap.is_some() || !self.statuses.is_empty() || !self.rollouts.is_empty()
     }
 
     /// Holds nothing that a fresh `Memory` would not: dropping it loses nothing.
@@ -88,6 +94,7 @@ impl Memory {
             && self.summaries.is_empty()
             && self.compressed.is_none()
             && self.apply_failing_since.is_none()
+            && self.next_rollout_check_ms.is_none()
     }
 }
 

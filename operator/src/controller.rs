@@ -208,6 +208,7 @@ pub async fn run(
         failing: false,
         metrics: metrics.clone(),
         membership: Membership::new(&flags.configmap_name, stores.sidecars.clone()),
+        reports: stores.reports.clone(),
         bursts: bursts.clone(),
     };
     let queue = futures::stream::select_all(streams)
@@ -258,6 +259,8 @@ struct Router {
     keys: HashSet<String>,
     metrics: Arc<Metrics>,
     membership: Membership,
+    /// The sidecars' rollout evidence, read from the same Lease events.
+    reports: crate::rollout::Reports,
     /// A watch failed and no event has arrived since: one log line per failing streak.
     failing: bool,
     /// Where policy events come in bursts.
@@ -307,8 +310,16 @@ impl Router {
                     self.synced.insert((Kind::Lease, stream));
                 }
                 let now = std::time::Instant::now();
-                let touched = self.membership.event(stream, scope.as_deref(), &event, now);
-                (touched, "sidecars changed")
+                let mut touched = self.membership.event(stream, scope.as_deref(), &event, now);
+                for ns in self.reports.event(&event) {
+                    // Many sidecars reporting: one compile a second, as for a burst of
+                    // policy changes; a lone report is not delayed.
+                    self.bursts.event(&ns, now);
+                    if !touched.contains(&ns) {
+                        touched.push(ns);
+                    }
+                }
+                (touched, "sidecars or their rollout evidence changed")
             }
             Incoming::Tick => (
                 self.membership.tick(std::time::Instant::now()),

@@ -8,6 +8,7 @@ use rebound_policy::pattern::policy_order;
 use rebound_policy::{PolicyOutcome, PolicySource, compile};
 
 use crate::configmap::{Compressed, Desired, Overflow};
+use crate::rollout::Plans;
 use crate::status::Blocked;
 
 /// What a namespace's reconcile writes: the compilation of the policies that fit, its
@@ -34,10 +35,11 @@ pub type Served = HashMap<String, i64>;
 pub fn fit_all(
     namespace: &str,
     sources: Vec<PolicySource>,
+    plans: &Plans,
     has_policies: bool,
     last: &mut Compressed,
 ) -> Result<Fitted, Over> {
-    let (compilation, desired) = attempt(namespace, sources.clone(), has_policies, last);
+    let (compilation, desired) = attempt(namespace, sources.clone(), plans, has_policies, last);
     match desired {
         Ok(desired) => Ok(Fitted {
             compilation,
@@ -68,6 +70,7 @@ pub fn fit_within(
     namespace: &str,
     over: Over,
     served: &Served,
+    plans: &Plans,
     has_policies: bool,
     last: &mut Compressed,
 ) -> Fitted {
@@ -96,6 +99,7 @@ pub fn fit_within(
         let (_, desired) = attempt(
             namespace,
             with_invalid(&ordered[..mid]),
+            plans,
             has_policies,
             &mut None,
         );
@@ -106,7 +110,8 @@ pub fn fit_within(
         }
     }
     let rest = ordered.split_off(fits);
-    let (compilation, desired) = attempt(namespace, with_invalid(&ordered), has_policies, last);
+    let (compilation, desired) =
+        attempt(namespace, with_invalid(&ordered), plans, has_policies, last);
     let (compilation, desired) = match desired {
         Ok(desired) => (compilation, desired),
         // Unreachable in practice (the prefix was just tried); the empty document fits.
@@ -138,14 +143,20 @@ pub fn fit_within(
     }
 }
 
-/// Compiles `sources` and stores the document as it would be written.
+/// Compiles `sources`, puts in the rollouts' revisions, and stores the document as it
+/// would be written.
 fn attempt(
     namespace: &str,
     sources: Vec<PolicySource>,
+    plans: &Plans,
     has_policies: bool,
     last: &mut Compressed,
 ) -> (rebound_policy::Compilation, Result<Desired, Overflow>) {
-    let compilation = compile(namespace, sources);
+    let mut compilation = compile(namespace, sources);
+    if crate::rollout::apply(&mut compilation.document.policies, plans) {
+        let policies = std::mem::take(&mut compilation.document.policies);
+        compilation.document = rebound_policy::CompiledDocument::new(namespace, policies);
+    }
     let desired = Desired::new(
         compilation.document.to_json(),
         compilation.document.hash.clone(),
@@ -204,11 +215,11 @@ mod tests {
         // The youngest forty are served; p00 was served at an older generation.
         let mut served: Served = (20..60).map(|i| (format!("uid-{i}"), 1)).collect();
         served.insert("uid-0".to_owned(), 0);
-        let Err(over) = fit_all("ns", sources, true, &mut None) else {
+        let Err(over) = fit_all("ns", sources, &Plans::new(), true, &mut None) else {
             panic!("60 policies of 19 KiB fit in 900 KiB");
         };
         assert_eq!(over.overflow.limit, crate::configmap::Limit::Compressed);
-        let fitted = fit_within("ns", over, &served, true, &mut None);
+        let fitted = fit_within("ns", over, &served, &Plans::new(), true, &mut None);
         let compiled: HashSet<&str> = fitted
             .compilation
             .document

@@ -30,12 +30,19 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// most a second apart, so one still down fails again well within it).
 pub const RESUMED_AFTER: Duration = Duration::from_secs(5);
 
-/// Keeps only what counting needs (name, namespace, labels, holder, renewal): the rest of
-/// a Lease is dropped as it arrives.
+/// Keeps only what counting and rollouts need (name, namespace, labels, holder, renewal,
+/// the evidence report): the rest of a Lease is dropped as it arrives.
 pub fn slim_lease(lease: &mut Lease) {
     let meta = &mut lease.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    // Of the annotations only a rollout evidence report stays (bounded when read: see
+    // `lenient`), and only when present.
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == rebound_policy::rollout::evidence::EVIDENCE_ANNOTATION);
+    }
+    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
+        meta.annotations = None;
+    }
     meta.owner_references = None;
     if let Some(spec) = lease.spec.as_mut() {
         spec.acquire_time = None;

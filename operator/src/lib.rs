@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod objects;
 pub mod owned;
 pub mod reconcile;
+pub mod rollout;
 pub mod status;
 pub mod summary;
 pub mod triggers;

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::{Resource, ResourceExt};
+use rebound_policy::spec::{RolloutRequest, RolloutStatus};
 use rebound_policy::{FieldError, RetryPolicy, RetryPolicySpec, RetryPolicyStatus};
 use serde::Deserialize;
 
@@ -39,6 +40,8 @@ pub struct PolicyView {
     pub spec: Result<RetryPolicySpec, FieldError>,
     /// `None` when absent or unreadable (then it is simply rewritten).
     pub status: Option<StatusSeen>,
+    /// `status.rollout`, only for a policy that has one (boxed: others pay a pointer).
+    pub rollout: Option<Box<RolloutSeen>>,
 }
 
 impl PolicyView {
@@ -55,8 +58,12 @@ impl PolicyView {
         let status = obj
             .data
             .get("status")
-            .and_then(|s| RetryPolicyStatus::deserialize(s).ok())
-            .map(|s| StatusSeen::of(&s));
+            .and_then(|s| RetryPolicyStatus::deserialize(s).ok());
+        let rollout = status
+            .as_ref()
+            .and_then(|s| s.rollout.clone())
+            .map(|r| Box::new(RolloutSeen::of(r)));
+        let status = status.map(|s| StatusSeen::of(&s));
         Some(Self {
             name: meta.name.clone()?,
             namespace: meta.namespace.clone()?,
@@ -67,6 +74,7 @@ impl PolicyView {
             deleting: meta.deletion_timestamp.is_some(),
             spec,
             status,
+            rollout,
         })
     }
 
@@ -89,6 +97,22 @@ impl PolicyView {
             uid: Some(self.uid.clone()),
             ..Default::default()
         }
+    }
+}
+
+/// What a policy shows of its rollout: the operator's fields and a person's request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutSeen {
+    /// `status.rollout` without `request`.
+    pub status: RolloutStatus,
+    pub request: Option<RolloutRequest>,
+}
+
+impl RolloutSeen {
+    /// Splits a policy's `status.rollout`.
+    pub fn of(mut status: RolloutStatus) -> Self {
+        let request = status.request.take();
+        Self { status, request }
     }
 }
 
@@ -126,7 +150,20 @@ fn parse_spec(value: &serde_json::Value) -> Result<RetryPolicySpec, FieldError> 
 /// dropped here, so they never make the operator's status differ from what it wants.
 pub fn slim_policy(obj: &mut DynamicObject) {
     if let Some(status) = obj.data.get_mut("status") {
+        // A person's rollout request is written by another field manager, and read.
+        let request = status
+            .pointer_mut("/rollout/request")
+            .map(serde_json::Value::take);
         *status = owned_status(obj.metadata.managed_fields.as_deref(), status);
+        if let Some(request) = request {
+            if !status.is_object() {
+                *status = serde_json::json!({});
+            }
+            if !status["rollout"].is_object() {
+                status["rollout"] = serde_json::json!({});
+            }
+            status["rollout"]["request"] = request;
+        }
     }
     let meta = &mut obj.metadata;
     meta.managed_fields = None;

@@ -39,6 +39,7 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
     let mut memory = ctx.take_memory(&namespace);
     let result = reconcile_namespace(&namespace, &ctx, &mut memory).await;
     let unconfirmed = memory.has_unconfirmed_writes();
+    let rollout_check = memory.next_rollout_check_ms;
     // A namespace's memory at its default is not kept: a deleted namespace leaves nothing.
     ctx.put_memory(&namespace, memory);
     ctx.metrics
@@ -58,6 +59,14 @@ pub async fn reconcile(key: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action,
         SETTLE.min(ctx.flags.resync)
     } else {
         ctx.flags.resync
+    };
+    // A rollout's pause or deadline ends: look then (a little after, so the time has come).
+    let next = match rollout_check {
+        Some(at) => {
+            let wait = at.saturating_sub(crate::rollout::now_unix_ms()) + 50;
+            next.min(std::time::Duration::from_millis(wait))
+        }
+        None => next,
     };
     Ok(Action::requeue(next))
 }
@@ -109,11 +118,13 @@ async fn reconcile_namespace(
         })
         .collect();
     let has_policies = !views.is_empty();
+    let plans = Arc::new(plan_rollouts(ctx, namespace, &views, memory));
     // Compiling, compressing and fitting are CPU work (a large namespace takes tens of
     // milliseconds): on the blocking pool, like the summaries.
     let (ns, mut last) = (namespace.to_owned(), memory.compressed.take());
+    let in_blocking = Arc::clone(&plans);
     let (first, last) = blocking(namespace, move || {
-        let first = fit_all(&ns, sources, has_policies, &mut last);
+        let first = fit_all(&ns, sources, &in_blocking, has_policies, &mut last);
         (first, last)
     })
     .await?;
@@ -128,8 +139,9 @@ async fn reconcile_namespace(
             // Rare: only a namespace over a limit asks the server what it serves now.
             let served = served_now(ctx, namespace, cm_name).await?;
             let (ns, mut last) = (namespace.to_owned(), memory.compressed.take());
+            let in_blocking = Arc::clone(&plans);
             let (fitted, last) = blocking(namespace, move || {
-                let fitted = fit_within(&ns, over, &served, has_policies, &mut last);
+                let fitted = fit_within(&ns, over, &served, &in_blocking, has_policies, &mut last);
                 (fitted, last)
             })
             .await?;
@@ -224,7 +236,7 @@ async fn reconcile_namespace(
     };
 
     let sidecars = ctx.stores.sidecars_in(namespace);
-    let status_result = write_statuses(ctx, namespace, verdicts, sidecars, memory).await;
+    let status_result = write_statuses(ctx, namespace, verdicts, sidecars, &plans, memory).await;
     ctx.metrics.set_namespace(namespace, figures);
     ctx.metrics
         .set_namespace_config(namespace, held, &readiness);
@@ -233,6 +245,33 @@ async fn reconcile_namespace(
         Some(e) => Err(e),
         None => status_result.map(|()| exists),
     }
+}
+
+/// Runs the rollout machine of every policy with `spec.rollout` (none: nothing to do) and
+/// remembers when the namespace must be looked at again.
+fn plan_rollouts(
+    ctx: &Context,
+    namespace: &str,
+    views: &[Arc<PolicyView>],
+    memory: &mut Memory,
+) -> crate::rollout::Plans {
+    let any = views
+        .iter()
+        .any(|v| v.spec.as_ref().is_ok_and(|s| s.rollout.is_some()));
+    if !any {
+        memory.rollouts.clear();
+        memory.next_rollout_check_ms = None;
+        return crate::rollout::Plans::new();
+    }
+    let reports = ctx.stores.reports.in_namespace(namespace);
+    let plans = crate::rollout::plan(
+        views,
+        &memory.rollouts,
+        &reports,
+        crate::rollout::now_unix_ms(),
+    );
+    memory.next_rollout_check_ms = crate::rollout::next_check(&plans);
+    plans
 }
 
 /// Runs CPU work on the blocking pool; a panic there is a panic here.

@@ -7,7 +7,7 @@
 //! that did not change compares equal and is never written again.
 
 use rebound_policy::compiled::LostQueue;
-use rebound_policy::spec::{Condition, ScheduleSummary};
+use rebound_policy::spec::{Condition, RolloutStatus, ScheduleSummary};
 use rebound_policy::{FieldError, RetryPolicyStatus};
 
 pub const READY: &str = "Ready";
@@ -66,7 +66,16 @@ impl StatusSeen {
         let mut sorted: Vec<&Condition> = status.conditions.iter().collect();
         sorted.sort_by(|a, b| a.type_.cmp(&b.type_));
         Self {
-            whole: fingerprint(&(status.observed_generation, &sorted, &status.summary)),
+            whole: fingerprint(&(
+                status.observed_generation,
+                &sorted,
+                &status.summary,
+                // A person's request is not ours to write.
+                status.rollout.as_ref().map(|r| RolloutStatus {
+                    request: None,
+                    ..r.clone()
+                }),
+            )),
             observed_generation: status.observed_generation,
             ready,
             budget,
@@ -84,7 +93,7 @@ impl StatusSeen {
     }
 
     /// When the condition `type_` last became `status`, if it has that status now.
-    fn since(&self, type_: &str, status: &str) -> Option<&str> {
+    pub(crate) fn since(&self, type_: &str, status: &str) -> Option<&str> {
         let mut fields = self.transitions.split(SEPARATOR);
         while let (Some(t), Some(s), Some(since)) = (fields.next(), fields.next(), fields.next()) {
             if t == type_ {

@@ -5,6 +5,8 @@
 //! change neither, so they trigger nothing. Any event on a ConfigMap of ours' name matters
 //! (drift, a foreign one appearing, a deletion). After a re-list, deletions missed during
 //! the gap come as no event at all, so every namespace the re-list touches is reconciled.
+//! The one status field that triggers is a person's rollout request
+//! (`status.rollout.request.id`): only policies that carry one are remembered for it.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -20,6 +22,8 @@ type Seen = HashMap<String, (String, i64)>;
 #[derive(Default)]
 pub struct Triggers {
     seen: Seen,
+    /// Per policy uid, the id of the rollout request last seen (only policies with one).
+    requests: HashMap<String, String>,
     /// Re-list in progress, per watch stream.
     relisting: HashMap<usize, Seen>,
     known: BTreeSet<String>,
@@ -39,7 +43,17 @@ impl Triggers {
                 let Some((uid, ns, generation)) = identity(obj) else {
                     return Vec::new();
                 };
-                let changed = self.seen.get(&uid) != Some(&(ns.clone(), generation));
+                let mut changed = self.seen.get(&uid) != Some(&(ns.clone(), generation));
+                match request_id(obj) {
+                    Some(id) if self.requests.get(&uid) != Some(&id) => {
+                        changed = true;
+                        self.requests.insert(uid.clone(), id);
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.requests.remove(&uid);
+                    }
+                }
                 self.seen.insert(uid, (ns.clone(), generation));
                 self.known.insert(ns.clone());
                 if changed { vec![ns] } else { Vec::new() }
@@ -49,6 +63,7 @@ impl Triggers {
                     return Vec::new();
                 };
                 self.seen.remove(&uid);
+                self.requests.remove(&uid);
                 vec![ns]
             }
             Event::Init => {
@@ -100,6 +115,14 @@ impl Triggers {
     }
 }
 
+/// `status.rollout.request.id`, if the policy carries a request.
+fn request_id(obj: &DynamicObject) -> Option<String> {
+    obj.data
+        .pointer("/status/rollout/request/id")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+}
+
 fn identity(obj: &DynamicObject) -> Option<(String, String, i64)> {
     let meta = obj.meta();
     Some((
@@ -134,6 +157,19 @@ mod tests {
             t.policy(0, None, &Event::Delete(policy("a", "1", 2))),
             ["a"]
         );
+    }
+
+    #[test]
+    fn a_new_rollout_request_triggers_once() {
+        let mut t = Triggers::default();
+        let with = |id: &str| {
+            let mut p = policy("a", "1", 1);
+            p.data["status"] = serde_json::json!({"rollout": {"request": {"id": id}}});
+            Event::Apply(p)
+        };
+        assert_eq!(t.policy(0, None, &with("r1")), ["a"]);
+        assert!(t.policy(0, None, &with("r1")).is_empty());
+        assert_eq!(t.policy(0, None, &with("r2")), ["a"]);
     }
 
     #[test]

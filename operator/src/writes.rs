@@ -19,6 +19,7 @@ use crate::error::{Error, status_code};
 use crate::fleet;
 use crate::freshness::{Written, compare, newest};
 use crate::objects::{ConfigMapView, PolicyView, policy_resource};
+use crate::rollout::conditions;
 use crate::status::{self, StatusSeen, Verdict};
 
 /// Status writes in flight at once within one namespace.
@@ -103,6 +104,7 @@ pub(crate) async fn write_statuses(
     namespace: &str,
     verdicts: Vec<(Arc<PolicyView>, Verdict)>,
     sidecars: u32,
+    plans: &crate::rollout::Plans,
     memory: &mut Memory,
 ) -> Result<(), Error> {
     let now = status::now_rfc3339();
@@ -111,6 +113,7 @@ pub(crate) async fn write_statuses(
         Api::namespaced_with(ctx.client.clone(), namespace, &policy_resource());
     let present: HashSet<String> = verdicts.iter().map(|(v, _)| v.uid.clone()).collect();
     memory.statuses.retain(|uid, _| present.contains(uid));
+    memory.rollouts.retain(|uid, _| present.contains(uid));
 
     let mut writes = Vec::new();
     for (view, verdict) in verdicts {
@@ -120,6 +123,7 @@ pub(crate) async fn write_statuses(
                 .is_some_and(|o| o != std::cmp::Ordering::Less)
         {
             memory.statuses.remove(&view.uid);
+            memory.rollouts.remove(&view.uid);
         }
         let current = newest(
             Some((view.resource_version.as_str(), view.status.as_ref())),
@@ -131,7 +135,7 @@ pub(crate) async fn write_statuses(
             .get(&view.uid)
             .filter(|(generation, _)| *generation == view.generation)
             .map(|(_, s)| fleet::shared_summary(s, sidecars));
-        let desired = status::desired(
+        let mut desired = status::desired(
             view.generation,
             &verdict,
             summary.as_ref(),
@@ -139,21 +143,53 @@ pub(crate) async fn write_statuses(
             &now,
             cm_name,
         );
+        let plan = plans.get(&view.name);
+        match (plan, view.rollout.as_deref()) {
+            (Some(plan), _) => conditions::decorate(
+                &mut desired,
+                &plan.transition.status,
+                &verdict,
+                current.as_ref(),
+                &now,
+            ),
+            // Not planned (an invalid spec): the rollout status stays as it is.
+            (None, Some(seen))
+                if view.spec.as_ref().is_ok_and(|s| s.rollout.is_some()) || view.spec.is_err() =>
+            {
+                desired.rollout = Some(seen.status.clone());
+            }
+            (None, _) => {}
+        }
         let seen = StatusSeen::of(&desired);
         if current.as_ref() == Some(&seen) {
             continue;
         }
-        let note = status::event(&verdict, current.as_ref(), &desired);
-        writes.push((view, desired, seen, note));
+        let mut notes: Vec<status::EventNote> = plan
+            .map(|p| {
+                p.transition
+                    .happened
+                    .iter()
+                    .map(crate::rollout::event_note)
+                    .collect()
+            })
+            .unwrap_or_default();
+        // While a rollout runs, its own Events say what changed.
+        let rolling = plan.is_some_and(|p| {
+            p.transition.status.phase != rebound_policy::spec::RolloutPhase::Healthy
+        });
+        if !(rolling && matches!(verdict, Verdict::Serving { .. })) {
+            notes.extend(status::event(&verdict, current.as_ref(), &desired));
+        }
+        writes.push((view, desired, seen, notes));
     }
 
     let results: Vec<_> = futures::stream::iter(writes)
-        .map(|(view, desired, seen, note)| {
+        .map(|(view, desired, seen, notes)| {
             let api = api.clone();
             async move {
                 ctx.metrics.wrote("status");
                 let result = patch_status(&api, &view.name, &desired).await;
-                (view, seen, note, result)
+                (view, seen, notes, desired.rollout, result)
             }
         })
         .buffer_unordered(STATUS_WRITES_IN_FLIGHT)
@@ -161,11 +197,20 @@ pub(crate) async fn write_statuses(
         .await;
 
     let mut first_error = None;
-    for (view, seen, note, result) in results {
+    for (view, seen, notes, rollout, result) in results {
         match result {
             Ok(resource_version) => {
-                if let Some(note) = note {
+                for note in notes {
                     ctx.events.emit(note, view.object_ref());
+                }
+                if let Some(rollout) = rollout {
+                    memory.rollouts.insert(
+                        view.uid.clone(),
+                        Written {
+                            resource_version: resource_version.clone(),
+                            value: rollout,
+                        },
+                    );
                 }
                 memory.statuses.insert(
                     view.uid.clone(),

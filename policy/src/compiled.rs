@@ -17,7 +17,7 @@ use crate::{
     spec::RetryPolicySpec,
 };
 
-pub use rollout::{CompiledRollout, RolloutEntry, Selected};
+pub use rollout::{CompiledRollout, RolloutEntry, Selected, compiled_rollout};
 pub use table::{PolicyTable, TableEntry};
 
 /// The format identifier; bumped on any incompatible change.

@@ -8,3 +8,4 @@
 pub mod analysis;
 pub mod assign;
 pub mod evidence;
+pub mod machine;

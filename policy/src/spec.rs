@@ -22,8 +22,8 @@ mod rollout;
 mod rollout_status;
 pub use rollout::{OnInconclusive, RolloutAnalysis, RolloutSpec, RolloutStep};
 pub use rollout_status::{
-    AnalysisStatus, AnalysisVerdict, RolloutAction, RolloutPhase, RolloutRequest, RolloutStatus,
-    StartedStep,
+    AnalysisStatus, AnalysisVerdict, EpochEvidence, EpochStep, MAX_EPOCHS, RETIRED_EPOCH,
+    RolloutAction, RolloutPhase, RolloutRequest, RolloutStatus, StartedStep,
 };
 
 /// Declares how the jobs of some queues are retried and what happens when they stop.

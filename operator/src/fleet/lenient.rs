@@ -32,6 +32,26 @@ impl<'de> serde::Deserialize<'de> for RawLease {
             .metadata
             .get("labels")
             .and_then(|l| serde_json::from_value(l.clone()).ok());
+        // Of the annotations only the rollout evidence report is read (bounded and parsed
+        // later); the others, up to 256 KiB, are never copied.
+        let annotations = raw
+            .metadata
+            .get("annotations")
+            .and_then(|a| a.get(rebound_policy::rollout::evidence::EVIDENCE_ANNOTATION))
+            .and_then(|v| v.as_str())
+            .map(|text| {
+                let limit = rebound_policy::rollout::evidence::MAX_EVIDENCE_BYTES;
+                let text = if text.len() > limit {
+                    format!("{{\"oversized\":{}}}", text.len())
+                } else {
+                    text.to_owned()
+                };
+                [(
+                    rebound_policy::rollout::evidence::EVIDENCE_ANNOTATION.to_owned(),
+                    text,
+                )]
+                .into()
+            });
         Ok(RawLease {
             metadata: kube::api::ObjectMeta {
                 name: text("name"),
@@ -39,6 +59,7 @@ impl<'de> serde::Deserialize<'de> for RawLease {
                 resource_version: text("resourceVersion"),
                 uid: text("uid"),
                 labels,
+                annotations,
                 ..kube::api::ObjectMeta::default()
             },
             spec: raw.spec,

@@ -8,6 +8,7 @@ use crate::{
     digest,
     resolve::{FieldError, ResolvedPolicy},
     rollout::assign::{Arm, Exposure, Step, arm},
+    spec::{RolloutPhase, RolloutStatus},
 };
 
 /// The `rollout` field of a compiled policy: the new revision, the stable one (whose
@@ -48,6 +49,41 @@ impl CompiledRollout {
             .check()
             .map_err(|e| under("rollout.canary.", e))?;
         Exposure::new(self.revision.clone(), self.steps.clone()).map_err(|e| under("rollout.", e))
+    }
+}
+
+/// What the compiled document carries for a policy with `status.rollout`: the parameters
+/// that serve outside the canary (`params`) and the rollout while one runs. Healthy: the
+/// spec's parameters alone; Progressing or Paused: the stable revision's, with the spec's
+/// as the canary over the started steps; Degraded: the stable revision's alone. A status
+/// whose stable parameters cannot be read serves the spec's (the machine then makes it
+/// Healthy: `rollout::machine::stable_params`).
+pub fn compiled_rollout(
+    status: &RolloutStatus,
+    params: &ResolvedPolicy,
+) -> (ResolvedPolicy, Option<CompiledRollout>) {
+    let stable = crate::rollout::machine::stable_params(status);
+    match (status.phase, stable) {
+        (RolloutPhase::Progressing | RolloutPhase::Paused, Some(stable)) => {
+            let rollout = CompiledRollout {
+                revision: status.revision.clone(),
+                stable_revision: status.stable_revision.clone(),
+                canary: params.clone(),
+                steps: status
+                    .steps
+                    .iter()
+                    .map(|s| Step {
+                        weight: s.weight.clamp(0, 100) as u32,
+                        start_unix_ms: s.start_unix_ms.max(0) as u64,
+                    })
+                    .collect(),
+            };
+            // Never a document a reader refuses: a malformed exposure serves stable alone.
+            let rollout = rollout.exposure().is_ok().then_some(rollout);
+            (stable, rollout)
+        }
+        (RolloutPhase::Degraded, Some(stable)) => (stable, None),
+        _ => (params.clone(), None),
     }
 }
 

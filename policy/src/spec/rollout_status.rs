@@ -47,6 +47,48 @@ pub struct RolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub handled_request: Option<String>,
+    /// The last report of each sidecar process (epoch) for `revision`, kept so that an
+    /// operator restart or a leader change loses nothing beyond the last report. At most
+    /// 64 entries (`MAX_EPOCHS`): past it, the entries of sidecars no longer reporting merge
+    /// into one `retired` entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 65), extend("x-kubernetes-list-type" = "atomic"))]
+    pub evidence: Vec<EpochEvidence>,
+}
+
+/// Most sidecar epochs `status.rollout.evidence` holds one by one (plus `retired`).
+pub const MAX_EPOCHS: usize = 64;
+
+/// The epoch of the entry that sums the epochs merged past [`MAX_EPOCHS`].
+pub const RETIRED_EPOCH: &str = "retired";
+
+/// One sidecar process's last report for the rollout's revision.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EpochEvidence {
+    /// The sidecar's epoch (16 hex digits), or `retired`.
+    #[schemars(length(max = 16))]
+    pub epoch: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10), extend("x-kubernetes-list-type" = "atomic"))]
+    pub steps: Vec<EpochStep>,
+    /// The counts this epoch had when `retry` started the revision again: subtracted, so
+    /// a retried rollout judges fresh evidence only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10), extend("x-kubernetes-list-type" = "atomic"))]
+    pub baseline: Vec<EpochStep>,
+}
+
+/// Counts of one step in one epoch (`rollout::evidence::StepEvidence`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EpochStep {
+    #[schemars(range(min = 0, max = 9))]
+    pub step: u32,
+    /// `[failedNew, failedAll, badNew, badAll]` of the mature jobs.
+    pub mature: [u64; 4],
+    /// The same for every job seen.
+    pub seen: [u64; 4],
 }
 
 /// An object the API server stores as written; its reader checks it.

@@ -288,6 +288,124 @@ async fn flux_syncs_policies_waits_on_their_status_and_keeps_serving_through_a_r
     Ok(())
 }
 
+/// `orders` with a rollout of one manual step: a change waits at 50 % for a person.
+fn rolled_policy(max_attempts: u32) -> String {
+    format!(
+        "{}  rollout:\n    steps: [{{weight: 50}}]\n",
+        policy(max_attempts)
+    )
+}
+
+/// `kubectl rebound rollout ACTION orders` in the test's namespace.
+fn rollout_action(env: &TestEnv, action: &str) -> Result<()> {
+    let plugin = rebound_test_support::workspace_binary("kubectl-rebound")?;
+    let out = std::process::Command::new(plugin)
+        .env("KUBECONFIG", env.cluster.kubeconfig())
+        .args(["rollout", action, "orders", "-n", &env.namespace])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "rollout {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// The Kustomization while it waits on `commit`'s objects: applied, Ready not settled.
+async fn kustomization_waiting(env: &TestEnv, commit: &str) -> Result<Value> {
+    let revision: Value = format!("main@sha1:{commit}").into();
+    eventually("the Kustomization to wait on the rollout", STEP, || async {
+        let Some(k) = get_json(&kustomizations(env), "policies").await? else {
+            return Ok(None);
+        };
+        let applied = k.pointer("/status/lastAttemptedRevision") == Some(&revision);
+        let waiting = condition(&k, "Ready").is_some_and(|c| c["status"] == "Unknown");
+        Ok((applied && waiting).then_some(k))
+    })
+    .await
+}
+
+/// The phase of `orders`' rollout, once the operator has observed its generation.
+async fn rollout_phase(env: &TestEnv) -> Result<Option<String>> {
+    let p = orders(env).await?;
+    if p.pointer("/status/observedGeneration") != p.pointer("/metadata/generation") {
+        return Ok(None);
+    }
+    Ok(p.pointer("/status/rollout/phase")
+        .and_then(Value::as_str)
+        .map(str::to_owned))
+}
+
+#[tokio::test]
+async fn flux_shows_a_rollout_progressing_then_healthy_or_degraded() -> Result<()> {
+    let logs = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let env = TestEnv::new("gitops-rollout").await?;
+    let _operator = spawn_operator(&env, logs)?;
+    let git = GitServer::start(logs)?;
+    let flux = Flux::start(env.cluster, &env.namespace, logs)?;
+    let context = || {
+        format!(
+            "logs: githttp {}, Flux {:?}",
+            git.log().display(),
+            flux.logs()
+        )
+    };
+
+    // The first revision with `rollout` applies at once: nothing to roll from.
+    let first = git.commit(&[("policies/orders.yaml", &rolled_policy(5))], "orders: 5")?;
+    env.kubectl_stdin(
+        ["apply", "-f", "-"],
+        &sync_objects(&git.url(), &env.namespace),
+    )?
+    .ok()?;
+    let k = kustomization_at(&env, &first).await.with_context(context)?;
+    ensure!(is_ready_true(&k), "first commit: {k:#}");
+
+    // A change: the rollout waits at its manual step, and Flux waits with it (kstatus
+    // InProgress: Reconciling=True) instead of calling the sync healthy.
+    let second = git.commit(&[("policies/orders.yaml", &rolled_policy(7))], "orders: 7")?;
+    kustomization_waiting(&env, &second)
+        .await
+        .with_context(context)?;
+    let phase = eventually("the rollout to pause", STEP, || async {
+        Ok(rollout_phase(&env).await?.filter(|p| p == "Paused"))
+    })
+    .await?;
+    assert_eq!(phase, "Paused");
+    let k = get_json(&kustomizations(&env), "policies")
+        .await?
+        .context("the Kustomization is gone")?;
+    ensure!(!is_ready_true(&k), "Ready during the rollout: {k:#}");
+    assert_eq!(compiled_max_attempts(&env).await?, Some(5), "stable serves");
+    // Promoted by a person: Healthy, and the sync Ready at that commit.
+    rollout_action(&env, "promote")?;
+    let k = kustomization_at(&env, &second)
+        .await
+        .with_context(context)?;
+    ensure!(is_ready_true(&k), "after promote: {k:#}");
+    assert_eq!(rollout_phase(&env).await?.as_deref(), Some("Healthy"));
+    assert_eq!(compiled_max_attempts(&env).await?, Some(7));
+
+    // Another change, aborted: Degraded (Stalled=True, kstatus Failed), so the sync fails
+    // its health check while the stable revision serves.
+    let third = git.commit(&[("policies/orders.yaml", &rolled_policy(9))], "orders: 9")?;
+    kustomization_waiting(&env, &third)
+        .await
+        .with_context(context)?;
+    eventually("the rollout to pause", STEP, || async {
+        Ok(rollout_phase(&env).await?.filter(|p| p == "Paused"))
+    })
+    .await?;
+    rollout_action(&env, "abort")?;
+    let k = kustomization_at(&env, &third).await.with_context(context)?;
+    let ready = condition(&k, "Ready").context("no Ready condition")?;
+    assert_eq!(ready["status"], "False", "{k:#}");
+    assert_eq!(ready["reason"], "HealthCheckFailed", "{k:#}");
+    assert_eq!(rollout_phase(&env).await?.as_deref(), Some("Degraded"));
+    assert_eq!(compiled_max_attempts(&env).await?, Some(7), "stable serves");
+    Ok(())
+}
+
 #[test]
 fn path_tokens_match_whole_field_paths_only() {
     let tokens = path_tokens(

@@ -16,7 +16,7 @@ use crate::{
     metrics::{Decisions, Reason, Rejection},
     pb::{EncodedBound, count_field, server as wire, v1 as pb},
     retry_budgets::Budgets,
-    rollout_evidence::RolloutEvidence,
+    rollout_evidence::{Answered, RolloutEvidence},
 };
 
 /// What answering needs from a configuration: the queue table and the names answers
@@ -302,8 +302,13 @@ pub fn decide_counted(
     let arm = selected.arm;
     let answered = answer_with(cfg, entry, &q, decision, selected, now_ms);
     if let (Some(evidence), Some(rollout)) = (evidence, entry.rollout.as_deref()) {
-        let gives_up = answered.0.decision == i32::from(pb::Decision::GiveUp);
-        evidence.observe(entry, rollout, arm, &q, now_ms, gives_up);
+        let seen = Answered {
+            job_id: q.job_id,
+            attempt: q.attempt,
+            first_failure_ms: q.first_failure_ms,
+            gives_up: answered.0.decision == i32::from(pb::Decision::GiveUp),
+        };
+        evidence.observe(entry, rollout, arm, &seen, now_ms);
     }
     Ok(answered)
 }

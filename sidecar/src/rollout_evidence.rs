@@ -30,9 +30,18 @@ use rebound_policy::{
     },
 };
 
-use crate::answer::Question;
-
 type Labels = [(&'static str, &'static str); 2];
+
+/// What [`RolloutEvidence::observe`] needs of an answered request.
+#[derive(Clone, Copy, Debug)]
+pub struct Answered<'a> {
+    pub job_id: Option<&'a str>,
+    pub attempt: u32,
+    /// As checked: at most the sidecar's now.
+    pub first_failure_ms: Option<u64>,
+    /// The answer gave the job up.
+    pub gives_up: bool,
+}
 
 /// The process's rollout counts and their metric handles.
 pub struct RolloutEvidence {
@@ -122,11 +131,10 @@ impl RolloutEvidence {
         entry: &TableEntry,
         rollout: &RolloutEntry,
         arm: Arm,
-        q: &Question<'_>,
+        q: &Answered<'_>,
         now_ms: u64,
-        gives_up: bool,
     ) {
-        let first_attempt = q.attempt == 1;
+        let (first_attempt, gives_up) = (q.attempt == 1, q.gives_up);
         if !(first_attempt || gives_up) || !self.enabled.load(Ordering::Relaxed) {
             return;
         }

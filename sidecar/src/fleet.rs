@@ -7,7 +7,8 @@
 //! its [`SlotShare`](rebound_policy::retry_budget::SlotShare) of every budget into
 //! [`FleetShare`], which the request path reads from memory. All of it runs beside the
 //! requests: renewals every `duration / 3`, Lease events, and a liveness tick (an expired
-//! Lease sends no event).
+//! Lease sends no event). Each renewal also carries this sidecar's rollout evidence
+//! ([`crate::rollout_evidence`]), which counts only while the Lease exists.
 
 pub mod lease;
 pub mod membership;

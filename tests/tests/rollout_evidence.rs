@@ -6,7 +6,7 @@
 //! `EvidenceReport::parse`) equal what the test computes with `rollout::assign::arm`,
 //! replayed calls add nothing, `mature` catches up after the maturity, and after a SIGKILL
 //! the Lease keeps the killed process's last report while its restart reports a new epoch
-//! from zero.
+//! from zero. A reload keeping the revision keeps the counts; a new revision starts empty.
 
 mod fleet_support;
 
@@ -29,6 +29,7 @@ use rebound_policy::{
         evidence::{EVIDENCE_ANNOTATION, EvidenceReport, maturity_ms},
     },
 };
+use rebound_sidecar::fleet::membership::CONFIG_HASH_ANNOTATION;
 use rebound_sidecar::pb::v1::{
     DecideRequest, Decision, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
 };
@@ -136,14 +137,25 @@ fn expected(jobs: &[Job], exposure: &Exposure) -> BTreeMap<usize, StepCounts> {
 }
 
 async fn lease_report(client: &kube::Client, ns: &str) -> Result<Option<EvidenceReport>> {
+    Ok(lease_state(client, ns).await?.1)
+}
+
+/// The configuration hash the Lease names and its report, from one read.
+async fn lease_state(
+    client: &kube::Client,
+    ns: &str,
+) -> Result<(Option<String>, Option<EvidenceReport>)> {
     let lease = Api::<Lease>::namespaced(client.clone(), ns)
         .get_opt(&format!("rebound-sidecar-{POD}"))
         .await?;
-    let text = lease
+    let mut annotations = lease
         .and_then(|l| l.metadata.annotations)
-        .and_then(|mut a| a.remove(EVIDENCE_ANNOTATION));
-    text.map(|t| EvidenceReport::parse(&t).context("the report"))
-        .transpose()
+        .unwrap_or_default();
+    let report = annotations
+        .remove(EVIDENCE_ANNOTATION)
+        .map(|t| EvidenceReport::parse(&t).context("the report"))
+        .transpose()?;
+    Ok((annotations.remove(CONFIG_HASH_ANNOTATION), report))
 }
 
 /// Polls the Lease until `done` holds for its report (renewals every second).
@@ -152,11 +164,20 @@ async fn wait_report(
     timeout: Duration,
     done: impl Fn(&EvidenceReport) -> bool,
 ) -> Result<EvidenceReport> {
+    wait_lease(env, timeout, |_, r| done(r)).await
+}
+
+/// Polls the Lease until `done(config hash, report)` holds.
+async fn wait_lease(
+    env: &TestEnv,
+    timeout: Duration,
+    done: impl Fn(Option<&str>, &EvidenceReport) -> bool,
+) -> Result<EvidenceReport> {
     let start = Instant::now();
     loop {
-        let report = lease_report(&env.client, &env.namespace).await?;
+        let (hash, report) = lease_state(&env.client, &env.namespace).await?;
         if let Some(r) = &report
-            && done(r)
+            && done(hash.as_deref(), r)
         {
             return Ok(report.unwrap_or_default());
         }
@@ -210,8 +231,8 @@ async fn sidecars_publish_exact_per_job_rollout_counts_in_their_lease() -> Resul
     apply_sidecar_rbac(&env)?;
     let t0 = now_ms();
     let (doc, exposure, maturity) = document(&env.namespace, t0)?;
-    rebound_tests::compiled::put(&Api::namespaced(env.client.clone(), &env.namespace), &doc)
-        .await?;
+    let cm = Api::namespaced(env.client.clone(), &env.namespace);
+    rebound_tests::compiled::put(&cm, &doc).await?;
     let (kubeconfig, uid) =
         fleet_support::pod_kubeconfig(env.cluster, &env.client, &env.namespace, POD, SA).await?;
     let (mut sidecar, mut client) = spawn(&env, &kubeconfig, &uid).await?;
@@ -293,6 +314,21 @@ async fn sidecars_publish_exact_per_job_rollout_counts_in_their_lease() -> Resul
         canary_failed as f64
     );
 
+    // A reload that keeps the revision (another policy added) keeps the counts.
+    let mut more = doc.clone();
+    let mut other = more.policies[0].clone();
+    other.name = "other".to_owned();
+    other.queues = vec!["other".to_owned()];
+    other.rollout = None;
+    more.policies.push(other);
+    let more = CompiledDocument::new(more.namespace, more.policies);
+    rebound_tests::compiled::put(&cm, &more).await?;
+    let kept = wait_lease(&env, Duration::from_secs(10), |hash, _| {
+        hash == Some(more.hash.as_str())
+    })
+    .await?;
+    assert_eq!(kept, mature);
+
     // SIGKILL: the Lease keeps the last report of the killed epoch, as it was.
     sidecar.child.kill()?;
     sidecar.child.wait()?;
@@ -323,5 +359,21 @@ async fn sidecars_publish_exact_per_job_rollout_counts_in_their_lease() -> Resul
     })
     .await?;
     assert_eq!(counts(&counted, false), want_again);
+
+    // A new revision is new evidence: the old one's counts are gone from the report.
+    let mut changed = more.clone();
+    let rollout = changed.policies[0].rollout.as_mut().context("in rollout")?;
+    rollout.canary.max_attempts = 4;
+    rollout.revision = revision_id(&rollout.canary);
+    let new_revision = rollout.revision.clone();
+    let changed = CompiledDocument::new(changed.namespace, changed.policies);
+    rebound_tests::compiled::put(&cm, &changed).await?;
+    let renewed = wait_lease(&env, Duration::from_secs(10), |hash, _| {
+        hash == Some(changed.hash.as_str())
+    })
+    .await?;
+    assert_eq!(renewed.policies.len(), 1);
+    assert_eq!(renewed.policies[0].revision, new_revision);
+    assert!(renewed.policies[0].steps.is_empty(), "{renewed:?}");
     Ok(())
 }

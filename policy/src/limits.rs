@@ -34,3 +34,12 @@ pub const MAX_MIN_FAILED_JOBS: u32 = 10_000_000;
 pub const MEMO_CAPACITY: usize = 65_536;
 /// Runs of booked slots held per policy; at it, the smallest gaps are merged as full.
 pub const MAX_RUNS: usize = 16_384;
+/// Job ids a sidecar remembers to count each rollout job once per kind (8 bytes each, with
+/// a time stamp): about 2 MiB in all, whatever the traffic.
+pub const MAX_EVIDENCE_JOB_IDS: usize = 65_536;
+/// How long a remembered job id is kept at least: a replayed hook call comes within
+/// seconds. At [`MAX_EVIDENCE_JOB_IDS`] ids younger than this, new jobs are not counted
+/// (both revisions alike) rather than risk counting a replay twice.
+pub const EVIDENCE_ID_RETENTION_MS: u64 = 60_000;
+/// Time buckets of first failures waiting to mature, per policy in rollout.
+pub const MAX_PENDING_BUCKETS: usize = 64;

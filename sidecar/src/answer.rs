@@ -6,7 +6,7 @@
 
 use rebound_policy::{
     CompiledDocument, Context, Decision, Disposition, GiveUpReason, PolicyTable, ResolvedPolicy,
-    compiled::{RolloutEntry, TableEntry},
+    compiled::{RolloutEntry, Selected, TableEntry},
     retry_budget::Ask,
     spec::{JitterKind, Strategy},
 };
@@ -16,6 +16,7 @@ use crate::{
     metrics::{Decisions, Reason, Rejection},
     pb::{EncodedBound, count_field, server as wire, v1 as pb},
     retry_budgets::Budgets,
+    rollout_evidence::{Answered, RolloutEvidence},
 };
 
 /// What answering needs from a configuration: the queue table and the names answers
@@ -285,10 +286,44 @@ pub fn decide_one(
     req: &wire::DecideRequest,
     now_ms: u64,
 ) -> Result<(pb::DecideResponse, Reason), RequestError> {
+    decide_counted(cfg, req, now_ms, None)
+}
+
+/// [`decide_one`], also counting a rollout's jobs in `evidence` (the server's).
+pub fn decide_counted(
+    cfg: &Snapshot,
+    req: &wire::DecideRequest,
+    now_ms: u64,
+    evidence: Option<&RolloutEvidence>,
+) -> Result<(pb::DecideResponse, Reason), RequestError> {
     let q = check_request(req, now_ms)?;
     let entry = lookup(cfg, q.queue)?;
-    let identity = entry.policy.identity();
     let (decision, selected) = entry.decide(q.attempt, &context(&q, now_ms));
+    let arm = selected.arm;
+    let answered = answer_with(cfg, entry, &q, decision, selected, now_ms);
+    if let (Some(evidence), Some(rollout)) = (evidence, entry.rollout.as_deref()) {
+        let seen = Answered {
+            job_id: q.job_id,
+            attempt: q.attempt,
+            first_failure_ms: q.first_failure_ms,
+            gives_up: answered.0.decision == i32::from(pb::Decision::GiveUp),
+        };
+        evidence.observe(entry, rollout, arm, &seen, now_ms);
+    }
+    Ok(answered)
+}
+
+/// The answer of the selected revision, with the policy's budget applied, counted in the
+/// policy's decision series.
+fn answer_with(
+    cfg: &Snapshot,
+    entry: &TableEntry,
+    q: &Question<'_>,
+    decision: Decision,
+    selected: Selected<'_>,
+    now_ms: u64,
+) -> (pb::DecideResponse, Reason) {
+    let identity = entry.policy.identity();
     let params = selected.policy.params();
     // Whether the caller's Retry-After decided the delay, as `decide` applies it.
     let pushed_back = match (&decision, q.retry_after_ms) {
@@ -307,7 +342,7 @@ pub fn decide_one(
         let (mut response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
         response.revision = selected.revision.to_owned();
         cfg.decisions.count(identity, reason, response.delay_ms);
-        return Ok((response, reason));
+        return (response, reason);
     };
     let ask = Ask {
         queue: q.queue,
@@ -329,7 +364,7 @@ pub fn decide_one(
         }
     }
     cfg.decisions.count(identity, reason, response.delay_ms);
-    Ok((response, reason))
+    (response, reason)
 }
 
 /// Translates a decision to the wire, with its metrics reason; `pushed_back` says the
@@ -399,6 +434,17 @@ pub fn decide_batch(
     cfg: &Snapshot,
     req: &wire::DecideBatchRequest,
     now_ms: u64,
+    rejected: impl FnMut(Rejection),
+) -> Result<pb::DecideBatchResponse, RequestError> {
+    decide_batch_counted(cfg, req, now_ms, None, rejected)
+}
+
+/// [`decide_batch`], also counting a rollout's jobs in `evidence` (the server's).
+pub fn decide_batch_counted(
+    cfg: &Snapshot,
+    req: &wire::DecideBatchRequest,
+    now_ms: u64,
+    evidence: Option<&RolloutEvidence>,
     mut rejected: impl FnMut(Rejection),
 ) -> Result<pb::DecideBatchResponse, RequestError> {
     if req.requests.len() > MAX_BATCH {
@@ -411,7 +457,7 @@ pub fn decide_batch(
         .requests
         .iter()
         .map(|item| {
-            let result = match decide_one(cfg, item, now_ms) {
+            let result = match decide_counted(cfg, item, now_ms, evidence) {
                 Ok((response, _)) => pb::decide_result::Result::Decision(response),
                 Err(e) => {
                     rejected(e.rejection());

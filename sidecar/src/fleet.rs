@@ -7,7 +7,8 @@
 //! its [`SlotShare`](rebound_policy::retry_budget::SlotShare) of every budget into
 //! [`FleetShare`], which the request path reads from memory. All of it runs beside the
 //! requests: renewals every `duration / 3`, Lease events, and a liveness tick (an expired
-//! Lease sends no event).
+//! Lease sends no event). Each renewal also carries this sidecar's rollout evidence
+//! ([`crate::rollout_evidence`]), which counts only while the Lease exists.
 
 pub mod lease;
 pub mod membership;
@@ -35,6 +36,7 @@ use crate::fleet_share::{BudgetScope, FleetShare};
 use crate::store::Store;
 use lease::SeenLease;
 use membership::{CONFIG_HASH_ANNOTATION, CONFIGMAP_LABEL, LABELS, Observed, Skip, View};
+use rebound_policy::rollout::evidence::EVIDENCE_ANNOTATION;
 use rebound_runtime::watch_backoff::{SIDECAR_CAP, WatchBackoff, WatchBackoffExt};
 
 /// The field manager of the sidecar's server-side applies of its Lease.
@@ -94,8 +96,15 @@ impl FleetConfig {
     }
 
     /// The Lease as this sidecar applies it, renewed at `renewed`, with the hash of the
-    /// configuration it serves (for `rebound check`) once one is loaded.
-    fn lease(&self, renewed: Timestamp, acquired: Timestamp, hash: Option<&str>) -> Lease {
+    /// configuration it serves (for `rebound check`) once one is loaded, and its rollout
+    /// evidence while a policy rolls out (absent otherwise: the apply then removes it).
+    fn lease(
+        &self,
+        renewed: Timestamp,
+        acquired: Timestamp,
+        hash: Option<&str>,
+        evidence: Option<String>,
+    ) -> Lease {
         let mut labels: BTreeMap<String, String> = LABELS
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -106,8 +115,7 @@ impl FleetConfig {
                 name: Some(self.lease_name()),
                 namespace: Some(self.namespace.clone()),
                 labels: Some(labels),
-                annotations: hash
-                    .map(|h| BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_owned(), h.to_owned())])),
+                annotations: annotations(hash, evidence),
                 owner_references: self.owner(),
                 ..ObjectMeta::default()
             },
@@ -137,6 +145,17 @@ impl FleetConfig {
     }
 }
 
+fn annotations(hash: Option<&str>, evidence: Option<String>) -> Option<BTreeMap<String, String>> {
+    let mut map = BTreeMap::new();
+    if let Some(h) = hash {
+        map.insert(CONFIG_HASH_ANNOTATION.to_owned(), h.to_owned());
+    }
+    if let Some(e) = evidence {
+        map.insert(EVIDENCE_ANNOTATION.to_owned(), e);
+    }
+    (!map.is_empty()).then_some(map)
+}
+
 /// The running membership; [`Fleet::release`] ends it.
 pub struct Fleet {
     task: JoinHandle<()>,
@@ -156,6 +175,8 @@ impl Fleet {
         store: Arc<Store>,
     ) -> Self {
         let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+        // The Lease carries the rollout counts from its first renewal on.
+        store.metrics().evidence().enable();
         let leases: Api<SeenLease> = Api::namespaced(client, &config.namespace);
         share.set(BudgetScope::Fleet(
             rebound_policy::retry_budget::SlotShare::WHOLE,
@@ -216,7 +237,7 @@ impl Fleet {
         };
         tracing::warn!(lease = %name, %error, "cannot delete the fleet Lease; releasing it");
         let now = Timestamp::now();
-        let mut body = self.config.lease(now, now, None);
+        let mut body = self.config.lease(now, now, None, None);
         if let Some(spec) = body.spec.as_mut() {
             spec.holder_identity = Some(String::new());
             spec.lease_duration_seconds = Some(1);
@@ -309,8 +330,18 @@ impl Member {
 
     async fn renew(&mut self) {
         let now = Timestamp::now();
-        let hash = self.current_hash();
-        let body = self.config.lease(now, self.acquired, hash.as_deref());
+        let current = self.store.current();
+        let hash = current.as_ref().map(|loaded| loaded.hash().to_owned());
+        let now_ms = u64::try_from(now.as_millisecond()).unwrap_or(0);
+        let evidence = self
+            .store
+            .metrics()
+            .evidence()
+            .report(current.as_ref().map(|l| &l.snapshot.table), now_ms);
+        drop(current);
+        let body = self
+            .config
+            .lease(now, self.acquired, hash.as_deref(), evidence);
         let (params, body) = (
             PatchParams::apply(FIELD_MANAGER).force(),
             Patch::Apply(&body),

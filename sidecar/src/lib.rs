@@ -8,6 +8,7 @@
 //! - [`service`] is the thin tonic adapter around [`answer`];
 //! - [`answer`] turns requests into `decide` calls and answers: pure, fuzzed, no I/O;
 //! - [`retry_budgets`] holds each budgeted policy's retry-budget scheduler across reloads;
+//! - [`rollout_evidence`] counts the jobs of policies in rollout for the fleet Lease;
 //! - [`fleet_share`] holds this sidecar's share of the budgets for the request path, and
 //!   [`fleet`] (watch mode) keeps it current from the namespace's sidecar Leases;
 //! - [`store`] holds the current configuration and swaps it atomically;
@@ -26,6 +27,7 @@ pub mod fleet_share;
 pub mod metrics;
 pub mod pb;
 pub mod retry_budgets;
+pub mod rollout_evidence;
 pub mod server;
 pub mod service;
 pub mod source;

@@ -18,6 +18,7 @@ use prometheus_client::{
 };
 
 use crate::fleet_share::FleetShare;
+use crate::rollout_evidence::RolloutEvidence;
 use crate::source_link::SourceLink;
 
 mod budget;
@@ -121,6 +122,7 @@ pub struct Metrics {
     budget: BudgetFamilies,
     fleet: Arc<FleetShare>,
     fleet_gauges: FleetGauges,
+    evidence: Arc<RolloutEvidence>,
     link: Arc<SourceLink>,
     source_connected: Gauge,
     source_disconnected_seconds: Gauge<f64, AtomicU64>,
@@ -240,7 +242,9 @@ impl Metrics {
         );
         let budget = BudgetFamilies::register(&mut registry);
         let fleet_gauges = FleetGauges::register(&mut registry);
+        let evidence = Arc::new(RolloutEvidence::register(&mut registry));
         Self {
+            evidence,
             budget,
             fleet: Arc::new(FleetShare::default()),
             fleet_gauges,
@@ -275,6 +279,11 @@ impl Metrics {
     /// The share of the retry budgets this sidecar books, as the fleet task last set it.
     pub fn fleet(&self) -> &Arc<FleetShare> {
         &self.fleet
+    }
+
+    /// The rollout evidence this sidecar counts (on only with a fleet Lease).
+    pub fn evidence(&self) -> &Arc<RolloutEvidence> {
+        &self.evidence
     }
 
     /// The handles of one budgeted policy's series, created once per configuration so the

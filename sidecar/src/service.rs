@@ -53,7 +53,8 @@ impl RetryAdvisor for Advisor {
         let now = (self.clock)();
         self.with_config(|cfg| {
             let started = Instant::now();
-            let answered = answer::decide_one(cfg, request.get_ref(), now);
+            let evidence = Some(&**metrics.evidence());
+            let answered = answer::decide_counted(cfg, request.get_ref(), now, evidence);
             metrics.decided(started.elapsed());
             match answered {
                 Ok((response, _)) => Ok(Response::new(response)),
@@ -73,8 +74,11 @@ impl RetryAdvisor for Advisor {
         let now = (self.clock)();
         self.with_config(|cfg| {
             let started = Instant::now();
+            let evidence = Some(&**metrics.evidence());
             let answered =
-                answer::decide_batch(cfg, request.get_ref(), now, |r| metrics.count_rejected(r));
+                answer::decide_batch_counted(cfg, request.get_ref(), now, evidence, |r| {
+                    metrics.count_rejected(r)
+                });
             metrics.decided_batch(started.elapsed());
             answered.map(Response::new).map_err(|e| {
                 metrics.count_rejected(e.rejection());

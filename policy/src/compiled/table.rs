@@ -217,6 +217,11 @@ impl PolicyTable {
         self.entries.len()
     }
 
+    /// Every entry once, in document order.
+    pub fn entries(&self) -> &[TableEntry] {
+        &self.entries
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -9,6 +9,14 @@
 
 use serde::{Deserialize, Serialize};
 
+mod count;
+mod horizon;
+#[cfg(test)]
+mod tests;
+
+pub use count::{EvidenceBook, Observation, Recorded, step_at};
+pub use horizon::{MATURITY_MARGIN_DIVISOR, MATURITY_MARGIN_MS, horizon_ms, maturity_ms};
+
 use crate::{digest, limits::MAX_ROLLOUT_STEPS, rollout::analysis::StepCounts};
 
 /// The Lease annotation that carries a sidecar's [`EvidenceReport`] as JSON.
@@ -127,7 +135,7 @@ impl EvidenceReport {
 }
 
 #[cfg(test)]
-mod tests {
+mod report_tests {
     use super::*;
 
     fn report() -> EvidenceReport {

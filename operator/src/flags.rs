@@ -55,6 +55,14 @@ pub struct Flags {
     #[arg(long, env = "REBOUND_RESYNC", default_value = "5m", value_parser = parse_duration)]
     pub resync: Duration,
 
+    /// How long after the operator writes a rollout step it takes effect: time for every
+    /// sidecar to load it, so no job is placed by the old weight on one sidecar and the
+    /// new on another. Watch-mode sidecars load within a second; sidecars reading the
+    /// ConfigMap as a mounted file follow the kubelet's sync (up to about a minute): set
+    /// 90s for those.
+    #[arg(long, env = "REBOUND_ROLLOUT_STEP_LEAD", default_value = "10s", value_parser = parse_duration)]
+    pub rollout_step_lead: Duration,
+
     /// Namespaces reconciled at the same time.
     #[arg(long, env = "REBOUND_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,

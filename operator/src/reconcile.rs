@@ -269,6 +269,7 @@ fn plan_rollouts(
         &memory.rollouts,
         &reports,
         crate::rollout::now_unix_ms(),
+        ctx.flags.rollout_step_lead.as_millis() as u64,
     );
     memory.next_rollout_check_ms = crate::rollout::next_check(&plans);
     plans

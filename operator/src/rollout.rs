@@ -39,12 +39,14 @@ pub type Plans = HashMap<String, Plan>;
 
 /// Runs the machine for every policy of the namespace with a valid `spec.rollout`.
 /// `written` holds the rollout statuses this operator wrote that the watch cache may not
-/// show yet (by uid); `reports` the sidecars' live reports of the namespace.
+/// show yet (by uid); `reports` the sidecars' live reports of the namespace;
+/// `step_lead_ms` how long after it is written a step takes effect.
 pub fn plan(
     views: &[Arc<PolicyView>],
     written: &HashMap<String, crate::freshness::Written<RolloutStatus>>,
     reports: &[Arc<rebound_policy::rollout::evidence::EvidenceReport>],
     now_unix_ms: u64,
+    step_lead_ms: u64,
 ) -> Plans {
     let mut plans = Plans::new();
     for view in views {
@@ -77,6 +79,7 @@ pub fn plan(
             rollout: &rollout,
             evidence: &counts.mature,
             now_unix_ms,
+            step_lead_ms,
             request,
         });
         // A new revision has no evidence yet, unless sidecars already report it.

@@ -26,6 +26,8 @@ use rebound_tests::lease::{PREFIX, sidecar_lease};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
+/// A step takes effect a second after it is written (the test's sidecars are Leases).
+const LEAD: &str = "--rollout-step-lead=1s";
 
 /// The `payments` policy at `max_attempts` with a rollout of `steps` (YAML flow list).
 fn manifest(max_attempts: u32, steps: &str, analysis: &str) -> String {
@@ -147,7 +149,7 @@ async fn resource_versions(client: &kube::Client, ns: &str) -> Result<(String, S
 async fn manual_steps_pass_on_promote_and_a_reapply_changes_nothing() -> Result<()> {
     let env = TestEnv::new("op-rollout-manual").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
-    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h", LEAD]))?;
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 10}, {weight: 50}]";
     apply(&env, &manifest(25, steps, "{}"))?;
@@ -235,7 +237,7 @@ async fn manual_steps_pass_on_promote_and_a_reapply_changes_nothing() -> Result<
 async fn bad_evidence_rolls_back() -> Result<()> {
     let env = TestEnv::new("op-rollout-bad").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
-    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h", LEAD]))?;
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 10, pause: 1h}]";
     let analysis = "{minFailedJobs: 100}";
@@ -303,7 +305,7 @@ async fn bad_evidence_rolls_back() -> Result<()> {
 async fn a_restart_resumes_with_the_same_step_and_evidence() -> Result<()> {
     let env = TestEnv::new("op-rollout-restart").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
-    let mut op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    let mut op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h", LEAD]))?;
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 50}]";
     apply(&env, &manifest(25, steps, "{}"))?;
@@ -377,7 +379,7 @@ async fn a_restart_resumes_with_the_same_step_and_evidence() -> Result<()> {
 async fn a_step_with_a_pause_passes_by_itself() -> Result<()> {
     let env = TestEnv::new("op-rollout-pause").await?;
     let (client, ns) = (&env.client, env.namespace.as_str());
-    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h"]))?;
+    let _op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h", LEAD]))?;
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 20, pause: 3s}]";
     let analysis = "{minFailedJobs: 50}";
@@ -422,7 +424,7 @@ async fn a_new_leader_resumes_the_rollout() -> Result<()> {
     let args = |id: &str| {
         let mut a = scoped(
             ns,
-            &["--resync=1h", "--lease-duration=6", "--lease-grace=2"],
+            &["--resync=1h", "--lease-duration=6", "--lease-grace=2", LEAD],
         );
         a.push(format!("--identity={id}"));
         a

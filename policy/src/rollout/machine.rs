@@ -33,6 +33,10 @@ pub struct Input<'a> {
     /// over every sidecar; weights are taken from the started steps, not from here.
     pub evidence: &'a [StepCounts],
     pub now_unix_ms: u64,
+    /// How long after it is written a step takes effect: time for every sidecar to load
+    /// it. A job placed by a sidecar that has not loaded the step yet would get the old
+    /// weight there and the new weight elsewhere, and mix revisions.
+    pub step_lead_ms: u64,
     /// `status.rollout.request`, written by `kubectl rebound rollout`.
     pub request: Option<&'a RolloutRequest>,
 }
@@ -96,6 +100,8 @@ pub fn stable_params(status: &RolloutStatus) -> Option<ResolvedPolicy> {
 /// status the operator can write.
 pub fn step(input: Input<'_>) -> Transition {
     let now = input.now_unix_ms;
+    // When a step written now takes effect.
+    let effective = now.saturating_add(input.step_lead_ms);
     let revision = revision_id(input.params);
     let mut out = Transition {
         status: RolloutStatus::default(),
@@ -135,18 +141,18 @@ pub fn step(input: Input<'_>) -> Transition {
             };
             return out;
         }
-        status = start(prev, &revision, input.rollout, now);
+        status = start(prev, &revision, input.rollout, effective);
         out.happened.push(RolloutEvent::Started {
             revision: revision.clone(),
         });
     } else if prev.phase == RolloutPhase::Healthy && prev.stable_revision != revision {
         // A Healthy status whose revision is not its stable one is not one we write.
-        status = start(prev, &revision, input.rollout, now);
+        status = start(prev, &revision, input.rollout, effective);
         out.happened.push(RolloutEvent::Started {
             revision: revision.clone(),
         });
     }
-    normalise_steps(&mut status, input.rollout, now);
+    normalise_steps(&mut status, input.rollout, effective);
 
     if let Some(request) = input
         .request
@@ -185,12 +191,13 @@ fn healthy_ids(revision: &str) -> RolloutStatus {
     }
 }
 
-/// A rollout of `revision` at step 0, from the previous stable revision, fresh evidence.
+/// A rollout of `revision` at step 0 taking effect `at`, from the previous stable
+/// revision, fresh evidence.
 fn start(
     prev: &RolloutStatus,
     revision: &str,
     rollout: &ResolvedRollout,
-    now: u64,
+    at: u64,
 ) -> RolloutStatus {
     let first = rollout.steps.first().map_or(1, |s| s.weight);
     RolloutStatus {
@@ -199,23 +206,23 @@ fn start(
         stable_revision: prev.stable_revision.clone(),
         stable_params: prev.stable_params.clone(),
         step: Some(0),
-        steps: vec![started(first, now)],
+        steps: vec![started(first, at)],
         handled_request: prev.handled_request.clone(),
         ..RolloutStatus::default()
     }
 }
 
-fn started(weight: u32, now: u64) -> StartedStep {
+fn started(weight: u32, at: u64) -> StartedStep {
     StartedStep {
         weight: weight.min(99) as i32,
-        start_unix_ms: now.min(i64::MAX as u64) as i64,
+        start_unix_ms: at.min(i64::MAX as u64) as i64,
     }
 }
 
 /// Makes the started steps of a status from outside well formed (an exposure every
 /// reader accepts): at least one, weights strictly increasing, times non-decreasing, no
 /// more than the spec has; `step` is the last one.
-fn normalise_steps(status: &mut RolloutStatus, rollout: &ResolvedRollout, now: u64) {
+fn normalise_steps(status: &mut RolloutStatus, rollout: &ResolvedRollout, at: u64) {
     if !matches!(
         status.phase,
         RolloutPhase::Progressing | RolloutPhase::Paused
@@ -235,7 +242,7 @@ fn normalise_steps(status: &mut RolloutStatus, rollout: &ResolvedRollout, now: u
         kept.push(*s);
     }
     if kept.is_empty() {
-        kept.push(started(rollout.steps.first().map_or(1, |s| s.weight), now));
+        kept.push(started(rollout.steps.first().map_or(1, |s| s.weight), at));
     }
     status.step = Some(kept.len() as u32 - 1);
     status.steps = kept;
@@ -279,7 +286,12 @@ fn act(
         }
         (RolloutAction::Retry, RolloutPhase::Degraded) => {
             let prev = status.clone();
-            *status = start(&prev, &prev.revision, input.rollout, now);
+            *status = start(
+                &prev,
+                &prev.revision,
+                input.rollout,
+                now.saturating_add(input.step_lead_ms),
+            );
             status.handled_request = prev.handled_request;
             // The sidecars' counts of this revision keep growing per epoch: what they
             // counted so far is subtracted from now on.
@@ -305,7 +317,8 @@ fn advance(status: &mut RolloutStatus, out: &mut Transition, input: &Input<'_>, 
     let current = status.steps.len();
     let last = status.steps.last().copied();
     let floor = last.map_or(0, |s| s.weight);
-    let at = last.map_or(now, |s| now.max(s.start_unix_ms.max(0) as u64));
+    let effective = now.saturating_add(input.step_lead_ms);
+    let at = last.map_or(effective, |s| effective.max(s.start_unix_ms.max(0) as u64));
     let next = input
         .rollout
         .steps

@@ -46,12 +46,25 @@ fn run(
     now: u64,
     request: Option<&RolloutRequest>,
 ) -> Transition {
+    run_with_lead(prev, p, r, evidence, now, request, 0)
+}
+
+fn run_with_lead(
+    prev: Option<&RolloutStatus>,
+    p: &ResolvedPolicy,
+    r: &ResolvedRollout,
+    evidence: &[StepCounts],
+    now: u64,
+    request: Option<&RolloutRequest>,
+    lead: u64,
+) -> Transition {
     step(Input {
         prev,
         params: p,
         rollout: r,
         evidence,
         now_unix_ms: now,
+        step_lead_ms: lead,
         request,
     })
 }
@@ -153,6 +166,55 @@ fn a_step_without_pause_waits_for_promote_and_promote_passes_it() {
     assert_eq!(t.status.stable_revision, revision_id(&new));
     assert!(matches!(t.happened[..], [RolloutEvent::Promoted { .. }]));
     assert_eq!(compiled_rollout(&t.status, &new), (new, None));
+}
+
+#[test]
+fn a_step_takes_effect_only_after_the_lead_and_its_pause_runs_from_there() {
+    // A sidecar that has not loaded the step yet answers a newly failing job with the
+    // previous weight, one that has with the new weight: the job would mix revisions. So
+    // a step starts `lead` after it is written, once every sidecar has it.
+    let r = rollout(&[Some(60_000), Some(60_000)], None, OnInconclusive::Pause);
+    let first = run_with_lead(None, &params(25), &r, &[], 0, None, 5_000).status;
+    let new = params(5);
+    let t = run_with_lead(Some(&first), &new, &r, &[], 1_000, None, 5_000);
+    assert_eq!(t.status.steps[0].start_unix_ms, 6_000);
+    // The pause runs from the start that takes effect.
+    let t = run_with_lead(
+        Some(&t.status),
+        &new,
+        &r,
+        &[fine(10, 1000)],
+        61_000,
+        None,
+        5_000,
+    );
+    assert_eq!(t.status.step, Some(0));
+    assert_eq!(t.next_check_ms, Some(66_000));
+    let t = run_with_lead(
+        Some(&t.status),
+        &new,
+        &r,
+        &[fine(10, 1000)],
+        66_000,
+        None,
+        5_000,
+    );
+    assert_eq!(t.status.step, Some(1));
+    assert_eq!(t.status.steps[1].start_unix_ms, 71_000);
+    // A promote request too.
+    let promote = request(RolloutAction::Promote, &t.status.revision, "p");
+    let t = run_with_lead(
+        Some(&t.status),
+        &new,
+        &r,
+        &[],
+        80_000,
+        Some(&promote),
+        5_000,
+    );
+    assert_eq!(t.status.phase, RolloutPhase::Healthy, "after the last step");
+    let again = run_with_lead(Some(&first), &new, &r, &[], 90_000, None, 5_000);
+    assert_eq!(again.status.steps[0].start_unix_ms, 95_000);
 }
 
 #[test]

@@ -66,9 +66,14 @@ pub struct CompiledPolicy {
 }
 
 impl CompiledPolicy {
-    /// The identity that seeds deterministic jitter: `namespace/name`.
+    /// The identity that seeds deterministic jitter: `namespace/name`. Built by hand, not
+    /// with `format!`: a reload of 10,000 policies makes it three times per policy.
     pub fn identity(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        let mut identity = String::with_capacity(self.namespace.len() + 1 + self.name.len());
+        identity.push_str(&self.namespace);
+        identity.push('/');
+        identity.push_str(&self.name);
+        identity
     }
 }
 

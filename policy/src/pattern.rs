@@ -84,8 +84,10 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 /// found leftmost-first with Knuth–Morris–Pratt, which is exact for `*`-only globs. At
 /// most `|prefix| + |suffix| + 2·|name| + Σ|run|` byte steps, never a backtrack.
 ///
-/// The parts are offsets into the pattern's own text: one allocation per glob, plus one
-/// for the runs of a pattern with a star in the middle (tables hold thousands of globs).
+/// The parts are `u32` offsets into the pattern's own text: one allocation per glob, plus
+/// one for the runs of a pattern with a star in the middle (tables hold thousands of
+/// globs). A pattern longer than `u32::MAX` bytes is kept as text that matches nothing
+/// but itself compared whole; no input reaches that (documents are at most 8 MiB).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Glob {
     text: Box<str>,
@@ -96,9 +98,9 @@ pub struct Glob {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Stars {
     /// `text[..prefix_end]` comes before the first `*`.
-    prefix_end: usize,
+    prefix_end: u32,
     /// `text[suffix_start..]` comes after the last `*`.
-    suffix_start: usize,
+    suffix_start: u32,
     runs: Box<[Run]>,
 }
 
@@ -106,23 +108,24 @@ struct Stars {
 /// failure table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Run {
-    start: usize,
+    start: u32,
     /// `failure[i]`: length of the longest proper border of the run's first `i + 1` bytes.
-    failure: Box<[usize]>,
+    failure: Box<[u32]>,
 }
 
 impl Run {
-    fn new(bytes: &[u8], start: usize) -> Self {
-        let mut failure = vec![0; bytes.len()];
-        let mut k = 0;
+    /// `bytes` and `start` fit in `u32` (checked by [`Glob::from_owned`]).
+    fn new(bytes: &[u8], start: u32) -> Self {
+        let mut failure = vec![0u32; bytes.len()];
+        let mut k = 0usize;
         for i in 1..bytes.len() {
             while k > 0 && bytes[i] != bytes[k] {
-                k = failure[k - 1];
+                k = failure[k - 1] as usize;
             }
             if bytes[i] == bytes[k] {
                 k += 1;
             }
-            failure[i] = k;
+            failure[i] = k as u32;
         }
         Self {
             start,
@@ -133,13 +136,14 @@ impl Run {
     /// End of the leftmost occurrence in `text` of this run of `pattern`. Each step either
     /// advances in `text` or shrinks the partial match, so steps ≤ 2·|text|.
     fn find_end(&self, pattern: &[u8], text: &[u8], steps: &mut u64) -> Option<usize> {
-        let bytes = &pattern[self.start..self.start + self.failure.len()];
+        let start = self.start as usize;
+        let bytes = &pattern[start..start + self.failure.len()];
         let mut k = 0;
         for (i, &b) in text.iter().enumerate() {
             *steps += 1;
             while k > 0 && b != bytes[k] {
                 *steps += 1;
-                k = self.failure[k - 1];
+                k = self.failure[k - 1] as usize;
             }
             if b == bytes[k] {
                 k += 1;
@@ -154,27 +158,37 @@ impl Run {
 
 impl Glob {
     pub fn new(pattern: &str) -> Self {
+        Self::from_owned(pattern.to_owned())
+    }
+
+    /// [`Glob::new`] keeping the caller's string as the glob's text: a table built from a
+    /// parsed document neither copies its patterns nor leaves the parsed ones behind as
+    /// freed holes between the strings it keeps.
+    pub fn from_owned(pattern: String) -> Self {
         let bytes = pattern.as_bytes();
-        let stars = pattern.find('*').map(|first| {
-            let last = pattern.rfind('*').unwrap_or(first);
-            let mut runs = Vec::new();
-            let mut start = first + 1;
-            for at in first + 1..=last {
-                if bytes[at] == b'*' {
-                    if at > start {
-                        runs.push(Run::new(&bytes[start..at], start));
+        let stars = pattern
+            .find('*')
+            .filter(|_| u32::try_from(bytes.len()).is_ok())
+            .map(|first| {
+                let last = pattern.rfind('*').unwrap_or(first);
+                let mut runs = Vec::new();
+                let mut start = first + 1;
+                for at in first + 1..=last {
+                    if bytes[at] == b'*' {
+                        if at > start {
+                            runs.push(Run::new(&bytes[start..at], start as u32));
+                        }
+                        start = at + 1;
                     }
-                    start = at + 1;
                 }
-            }
-            Stars {
-                prefix_end: first,
-                suffix_start: last + 1,
-                runs: runs.into(),
-            }
-        });
+                Stars {
+                    prefix_end: first as u32,
+                    suffix_start: last as u32 + 1,
+                    runs: runs.into(),
+                }
+            });
         Self {
-            text: pattern.into(),
+            text: pattern.into_boxed_str(),
             stars,
         }
     }
@@ -187,7 +201,7 @@ impl Glob {
     pub fn literal_prefix(&self) -> &[u8] {
         let bytes = self.text.as_bytes();
         match &self.stars {
-            Some(stars) => &bytes[..stars.prefix_end],
+            Some(stars) => &bytes[..stars.prefix_end as usize],
             None => bytes,
         }
     }
@@ -203,7 +217,10 @@ impl Glob {
             *steps += 1;
             return name == pattern;
         };
-        let (prefix, suffix) = (&pattern[..stars.prefix_end], &pattern[stars.suffix_start..]);
+        let (prefix, suffix) = (
+            &pattern[..stars.prefix_end as usize],
+            &pattern[stars.suffix_start as usize..],
+        );
         if name.len() < prefix.len() + suffix.len() {
             *steps += 1;
             return false;

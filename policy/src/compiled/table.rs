@@ -33,7 +33,7 @@ pub struct PolicyTable {
     entries: Vec<TableEntry>,
     exact: HashMap<String, usize>,
     /// (pattern, entry) sorted by specificity, most specific first; stable on entry order.
-    globs: Vec<(Glob, usize)>,
+    globs: Box<[(Glob, u32)]>,
     prefixes: PrefixTrie,
 }
 
@@ -41,14 +41,15 @@ pub struct PolicyTable {
 /// all, not two per node). Node `n`'s edges are `edge_byte/edge_child[edge_start[n]..
 /// edge_start[n + 1]]`, sorted by byte; the globs whose prefix ends at `n` (indices into
 /// `PolicyTable::globs`, ascending, so in precedence order) are
-/// `globs[glob_start[n]..glob_start[n + 1]]`.
+/// `globs[glob_start[n]..glob_start[n + 1]]`. Indices are `u32`, half the bytes of
+/// `usize`: a document is at most 8 MiB, so nodes, edges and globs stay far below 2³².
 #[derive(Debug)]
 struct PrefixTrie {
-    edge_start: Box<[usize]>,
+    edge_start: Box<[u32]>,
     edge_byte: Box<[u8]>,
-    edge_child: Box<[usize]>,
-    glob_start: Box<[usize]>,
-    globs: Box<[usize]>,
+    edge_child: Box<[u32]>,
+    glob_start: Box<[u32]>,
+    globs: Box<[u32]>,
 }
 
 impl PrefixTrie {
@@ -56,8 +57,8 @@ impl PrefixTrie {
         // Built with a vector per node, then laid flat; node numbers stay as built.
         #[derive(Default)]
         struct Node {
-            children: Vec<(u8, usize)>,
-            globs: Vec<usize>,
+            children: Vec<(u8, u32)>,
+            globs: Vec<u32>,
         }
         let mut nodes = vec![Node::default()];
         for (glob, prefix) in prefixes.enumerate() {
@@ -65,16 +66,16 @@ impl PrefixTrie {
             for &b in prefix {
                 let children = &nodes[node].children;
                 node = match children.binary_search_by_key(&b, |&(c, _)| c) {
-                    Ok(i) => children[i].1,
+                    Ok(i) => children[i].1 as usize,
                     Err(at) => {
                         let next = nodes.len();
-                        nodes[node].children.insert(at, (b, next));
+                        nodes[node].children.insert(at, (b, next as u32));
                         nodes.push(Node::default());
                         next
                     }
                 };
             }
-            nodes[node].globs.push(glob);
+            nodes[node].globs.push(glob as u32);
         }
         let edges: usize = nodes.iter().map(|n| n.children.len()).sum();
         let globs: usize = nodes.iter().map(|n| n.globs.len()).sum();
@@ -84,16 +85,16 @@ impl PrefixTrie {
         let mut glob_start = Vec::with_capacity(nodes.len() + 1);
         let mut flat_globs = Vec::with_capacity(globs);
         for node in nodes {
-            edge_start.push(edge_byte.len());
-            glob_start.push(flat_globs.len());
+            edge_start.push(edge_byte.len() as u32);
+            glob_start.push(flat_globs.len() as u32);
             for (b, child) in node.children {
                 edge_byte.push(b);
                 edge_child.push(child);
             }
             flat_globs.extend(node.globs);
         }
-        edge_start.push(edge_byte.len());
-        glob_start.push(flat_globs.len());
+        edge_start.push(edge_byte.len() as u32);
+        glob_start.push(flat_globs.len() as u32);
         PrefixTrie {
             edge_start: edge_start.into(),
             edge_byte: edge_byte.into(),
@@ -104,14 +105,17 @@ impl PrefixTrie {
     }
 
     fn child(&self, node: usize, b: u8) -> Option<usize> {
-        let (from, to) = (self.edge_start[node], self.edge_start[node + 1]);
+        let (from, to) = (
+            self.edge_start[node] as usize,
+            self.edge_start[node + 1] as usize,
+        );
         let i = self.edge_byte[from..to].binary_search(&b).ok()?;
-        Some(self.edge_child[from + i])
+        Some(self.edge_child[from + i] as usize)
     }
 
     /// The globs whose literal prefix ends at `node`, in precedence order.
-    fn globs_at(&self, node: usize) -> &[usize] {
-        &self.globs[self.glob_start[node]..self.glob_start[node + 1]]
+    fn globs_at(&self, node: usize) -> &[u32] {
+        &self.globs[self.glob_start[node] as usize..self.glob_start[node + 1] as usize]
     }
 }
 
@@ -156,9 +160,9 @@ impl PolicyTable {
         globs.sort_by_cached_key(|(pattern, index)| {
             (std::cmp::Reverse(Specificity::of(pattern)), *index)
         });
-        let globs: Vec<(Glob, usize)> = globs
+        let globs: Box<[(Glob, u32)]> = globs
             .into_iter()
-            .map(|(pattern, index)| (Glob::new(&pattern), index))
+            .map(|(pattern, index)| (Glob::from_owned(pattern), index as u32))
             .collect();
         let prefixes = PrefixTrie::build(globs.iter().map(|(g, _)| g.literal_prefix()));
         Self {
@@ -203,8 +207,9 @@ impl PolicyTable {
         // Longer literal prefixes are more specific, so deeper nodes come first.
         path[..=depth].iter().rev().find_map(|&node| {
             self.prefixes.globs_at(node).iter().find_map(|&g| {
-                let (glob, entry) = &self.globs[g];
-                glob.matches_counting(queue, steps).then_some(*entry)
+                let (glob, entry) = &self.globs[g as usize];
+                glob.matches_counting(queue, steps)
+                    .then_some(*entry as usize)
             })
         })
     }

@@ -176,16 +176,22 @@ impl Loop {
                     if !self.note(&event) {
                         continue;
                     }
+                    let mut swapped = self.load_on_swap(&event);
                     for _ in 0..MAX_DEBOUNCE_ROUNDS {
                         match rx.recv_timeout(DEBOUNCE) {
                             Ok(Msg::Fs(event)) => {
                                 self.note(&event);
+                                swapped |= self.load_on_swap(&event);
                             }
                             Ok(Msg::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                             Err(mpsc::RecvTimeoutError::Timeout) => break,
                         }
                     }
-                    self.reload();
+                    // After a swap the rest of the burst is kubelet removing the old
+                    // directory: read again only if the files changed since.
+                    if !swapped || self.loader.changed_on_disk() {
+                        self.reload();
+                    }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if !self.armed {
@@ -197,6 +203,16 @@ impl Loop {
                 }
             }
         }
+    }
+
+    /// Kubelet renames `..data` last, once the new files are complete: loads them at once
+    /// instead of after the burst's quiet time. Returns whether `event` was that rename.
+    fn load_on_swap(&mut self, event: &notify::Result<notify::Event>) -> bool {
+        let swapped = is_data_swap(event);
+        if swapped {
+            self.reload();
+        }
+        swapped
     }
 
     fn reload(&mut self) {
@@ -241,6 +257,23 @@ impl Loop {
             }
         }
     }
+}
+
+/// Whether `event` is kubelet's rename of `..data_tmp` over `..data`, the last step of a
+/// ConfigMap volume update. inotify reports a rename three times (from, to, both); only
+/// the arrival counts, so one swap loads once.
+fn is_data_swap(event: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{ModifyKind, RenameMode};
+    let Ok(event) = event else {
+        return false;
+    };
+    matches!(
+        event.kind,
+        EventKind::Modify(ModifyKind::Name(RenameMode::To))
+    ) && event
+        .paths
+        .iter()
+        .any(|p| p.file_name().is_some_and(|n| n == "..data"))
 }
 
 /// Reads, checks and installs; remembers what it last tried so an unchanged broken file
@@ -384,5 +417,46 @@ impl Loader {
             self.store.reject(error);
             self.last_error = Some(message);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The events of a real watch over a directory updated as kubelet updates a ConfigMap
+    /// volume: exactly one of them is the swap, and nothing before it is.
+    #[test]
+    fn kubelets_rename_of_data_is_the_one_swap() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (tx, rx) = mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |event| {
+            let _ = tx.send(event);
+        })
+        .expect("watcher");
+        watcher
+            .watch(dir.path(), RecursiveMode::NonRecursive)
+            .expect("watch");
+        let version = dir.path().join("..2026_01_01_00_00_00.1");
+        std::fs::create_dir(&version).expect("version dir");
+        std::fs::write(version.join("policies.json"), "{}").expect("key file");
+        let tmp = dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(&version, &tmp).expect("..data_tmp");
+        std::fs::rename(&tmp, dir.path().join("..data")).expect("rename");
+        std::os::unix::fs::symlink("..data/policies.json", dir.path().join("policies.json"))
+            .expect("key link");
+
+        let mut events = Vec::new();
+        while let Ok(event) = rx.recv_timeout(Duration::from_millis(500)) {
+            events.push(event);
+        }
+        let swaps: Vec<usize> = (0..events.len())
+            .filter(|&i| is_data_swap(&events[i]))
+            .collect();
+        assert_eq!(swaps.len(), 1, "{events:?}");
+        assert!(
+            swaps[0] > 0,
+            "the new files come before the swap: {events:?}"
+        );
     }
 }

@@ -169,6 +169,40 @@ impl Rig {
         Ok(document.policies.into_iter().find(|p| p.name == POLICY))
     }
 
+    /// Applies the policy's first revision and waits until it serves every job: the
+    /// stable revision of the rollout that follows.
+    async fn stable(&self, yaml: &str) -> Result<RolloutStatus> {
+        self.apply(yaml)?;
+        let first = self
+            .rollout_when("the first revision to be Healthy", ROLLOUT_WAIT, |r| {
+                r.phase == RolloutPhase::Healthy
+            })
+            .await?;
+        self.sidecars_serve(str::is_empty).await?;
+        first
+            .status
+            .and_then(|s| s.rollout)
+            .context("no status.rollout")
+    }
+
+    /// Runs jobs while `yaml` is applied, until the rollout satisfies `until`; returns
+    /// the policy then (or the timeout), every answer, and what the watcher saw.
+    async fn change_under_load(
+        &self,
+        yaml: &str,
+        jobs: (&str, fn(u64) -> u32),
+        until: (&str, impl Fn(&RolloutStatus) -> bool),
+    ) -> Result<(RetryPolicy, Vec<Answer>, Seen)> {
+        let watcher = Watcher::start(self);
+        let load = Load::start(&self.clients, 4, jobs.0, jobs.1);
+        self.apply(yaml)?;
+        let reached = self.rollout_when(until.0, ROLLOUT_WAIT, until.1).await;
+        let answers = load.finish().await?;
+        let seen = watcher.finish().await?;
+        let reached = reached.with_context(|| format!("phases seen: {:?}", seen.0))?;
+        Ok((reached, answers, seen))
+    }
+
     /// Waits until every sidecar answers attempt 1 of `probe` with a revision that `want`
     /// accepts (each has loaded what the ConfigMap holds).
     async fn sidecars_serve(&self, want: impl Fn(&str) -> bool) -> Result<()> {
@@ -458,26 +492,16 @@ async fn a_good_change_is_promoted_step_by_step_and_no_job_mixes_revisions() -> 
     let rig = Rig::start("rollout-good", 3).await?;
     let steps = "[{weight: 30, pause: 1s}, {weight: 60, pause: 1s}]";
     let analysis = "{minFailedJobs: 60}";
-    rig.apply(&manifest(3, steps, analysis))?;
-    let first = rig
-        .rollout_when("the first revision to be Healthy", ROLLOUT_WAIT, |r| {
-            r.phase == RolloutPhase::Healthy
-        })
+    let stable = rig.stable(&manifest(3, steps, analysis)).await?;
+    let (done, answers, (phases, longest)) = rig
+        .change_under_load(
+            &manifest(5, steps, analysis),
+            ("good", good_failures),
+            ("the change to be promoted", |r: &RolloutStatus| {
+                r.phase == RolloutPhase::Healthy && r.revision != stable.revision
+            }),
+        )
         .await?;
-    let stable = first.status.and_then(|s| s.rollout).context("rollout")?;
-    rig.sidecars_serve(str::is_empty).await?;
-
-    let watcher = Watcher::start(&rig);
-    let load = Load::start(&rig.clients, 4, "good", good_failures);
-    rig.apply(&manifest(5, steps, analysis))?;
-    let done = rig
-        .rollout_when("the change to be promoted", ROLLOUT_WAIT, |r| {
-            r.phase == RolloutPhase::Healthy && r.revision != stable.revision
-        })
-        .await;
-    let answers = load.finish().await?;
-    let (phases, longest) = watcher.finish().await?;
-    let done = done.with_context(|| format!("phases seen: {phases:?}"))?;
     let promoted = done.status.and_then(|s| s.rollout).context("rollout")?;
 
     // Step by step: step 0, step 1, then promoted.
@@ -528,27 +552,17 @@ async fn a_bad_change_is_rolled_back_at_the_first_step() -> Result<()> {
     let rig = Rig::start("rollout-bad", 3).await?;
     let steps = "[{weight: 20, pause: 10m}, {weight: 50, pause: 10m}]";
     let analysis = "{minFailedJobs: 100}";
-    rig.apply(&manifest(25, steps, analysis))?;
-    let first = rig
-        .rollout_when("the first revision to be Healthy", ROLLOUT_WAIT, |r| {
-            r.phase == RolloutPhase::Healthy
-        })
-        .await?;
-    let stable = first.status.and_then(|s| s.rollout).context("rollout")?;
-    rig.sidecars_serve(str::is_empty).await?;
-
-    let watcher = Watcher::start(&rig);
-    let load = Load::start(&rig.clients, 4, "bad", bad_failures);
+    let stable = rig.stable(&manifest(25, steps, analysis)).await?;
     let applied = std::time::Instant::now();
-    rig.apply(&manifest(2, steps, analysis))?;
-    let rolled_back = rig
-        .rollout_when("the change to be rolled back", ROLLOUT_WAIT, |r| {
-            r.phase == RolloutPhase::Degraded
-        })
-        .await;
-    let answers = load.finish().await?;
-    let (phases, longest) = watcher.finish().await?;
-    let rolled_back = rolled_back.with_context(|| format!("phases seen: {phases:?}"))?;
+    let (rolled_back, answers, (phases, longest)) = rig
+        .change_under_load(
+            &manifest(2, steps, analysis),
+            ("bad", bad_failures),
+            ("the change to be rolled back", |r: &RolloutStatus| {
+                r.phase == RolloutPhase::Degraded
+            }),
+        )
+        .await?;
     let status = rolled_back.status.clone().context("status")?;
     let rollout = status.rollout.clone().context("rollout")?;
 
@@ -664,11 +678,7 @@ async fn a_killed_sidecar_loses_only_what_it_had_not_reported() -> Result<()> {
     let mut rig = Rig::start("rollout-kill", 1).await?;
     // A manual step: the rollout waits, so the evidence only accumulates.
     let steps = "[{weight: 50}]";
-    rig.apply(&manifest(3, steps, "{}"))?;
-    rig.rollout_when("Healthy", ROLLOUT_WAIT, |r| {
-        r.phase == RolloutPhase::Healthy
-    })
-    .await?;
+    rig.stable(&manifest(3, steps, "{}")).await?;
     rig.apply(&manifest(4, steps, "{}"))?;
     let paused = rig
         .rollout_when("Paused", ROLLOUT_WAIT, |r| r.phase == RolloutPhase::Paused)

@@ -45,6 +45,8 @@ fn run_steps(node: &Node) -> Result<()> {
     .context("step: examples/worker/worker-watch.yaml")?;
     policy_change_reaches_every_sidecar(node, &collector, &[&file, &watch])
         .context("step: a changed policy reaches both sidecars")?;
+    policy_rollout_is_watched_and_promoted(node, &collector, &watch)
+        .context("step: a policy change rolled out and promoted")?;
     rollout_restart_loses_no_call(node, &collector, &file).context("step: rollout restart")?;
     leader_failover(node, &file).context("step: leader Pod deleted")?;
     wrong_configmap_is_not_ready_and_falls_back(node, &collector, &watch)
@@ -442,6 +444,165 @@ fn policy_change_reaches_every_sidecar(
         );
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// 3b. A policy change rolled out by `kubectl apply`, watched by `kubectl rebound rollout`
+
+/// The `webhooks` policy at `max_attempts` with one manual 50 % step.
+fn rolled_webhooks(max_attempts: u32) -> Value {
+    json!({
+        "apiVersion": "rebound.dev/v1alpha1", "kind": "RetryPolicy",
+        "metadata": {"name": "webhooks"},
+        "spec": {"queues": ["webhooks"], "maxAttempts": max_attempts,
+                 "backoff": {"strategy": "constant", "base": "250ms"},
+                 "rollout": {"steps": [{"weight": 50}]}},
+    })
+}
+
+/// The policy once the operator has observed its generation and its rollout is `phase`.
+fn rollout_in_phase(node: &Node, namespace: &str, phase: &str) -> Result<Value> {
+    wait_for(
+        &format!("the rollout to be {phase}"),
+        Duration::from_secs(60),
+        || {
+            let p = node.get_json(["retrypolicy", "-n", namespace, "webhooks"])?;
+            let observed = p["status"]["observedGeneration"] == p["metadata"]["generation"];
+            Ok((observed && p["status"]["rollout"]["phase"] == json!(phase)).then_some(p))
+        },
+    )
+}
+
+/// `kubectl rebound ARGS` against the node's cluster.
+fn plugin(node: &Node, args: &[&str]) -> Result<std::process::Command> {
+    let mut cmd =
+        std::process::Command::new(rebound_test_support::workspace_binary("kubectl-rebound")?);
+    cmd.env("KUBECONFIG", node.kubeconfig()).args(args);
+    Ok(cmd)
+}
+
+fn policy_rollout_is_watched_and_promoted(
+    node: &Node,
+    collector: &Collector,
+    worker: &Worker,
+) -> Result<()> {
+    let ns = worker.namespace.as_str();
+    // The first revision that declares `rollout` applies at once.
+    node.apply(ns, &[rolled_webhooks(3)])?;
+    let healthy = rollout_in_phase(node, ns, "Healthy")?;
+    let stable = healthy["status"]["rollout"]["revision"].clone();
+    let pod = running_pods(node, ns, &worker.deployment)?
+        .into_iter()
+        .next()
+        .context("no Pod")?;
+    let pod_name = pod["metadata"]["name"].clone();
+
+    let since = collector.len();
+    node.apply(ns, &[rolled_webhooks(4)])?;
+    let paused = rollout_in_phase(node, ns, "Paused")?;
+    let canary = paused["status"]["rollout"]["revision"].clone();
+    ensure!(canary != stable, "a new revision: {paused}");
+    // The Pod's sidecar answers jobs from both revisions, each job from one.
+    let answers = wait_for(
+        "the Pod's answers from both revisions",
+        Duration::from_secs(60),
+        || {
+            let answers: Vec<Value> = collector
+                .reports_since(since)
+                .into_iter()
+                .filter(|r| r["pod"] == pod_name && r["source"] == json!("sidecar"))
+                .filter(|r| r["revision"] == canary || r["revision"] == stable)
+                .collect();
+            let both = answers.iter().any(|r| r["revision"] == canary)
+                && answers.iter().any(|r| r["revision"] == stable);
+            Ok((both && answers.len() >= 20).then_some(answers))
+        },
+    )?;
+    let mut per_job: BTreeMap<String, Value> = BTreeMap::new();
+    for a in &answers {
+        let job = a["job"].as_str().unwrap_or_default().to_owned();
+        let first = per_job
+            .entry(job.clone())
+            .or_insert_with(|| a["revision"].clone());
+        ensure!(
+            *first == a["revision"],
+            "{job} got two revisions: {first} and {a}"
+        );
+    }
+    // What the Pod's sidecar counted reached the operator through its Lease.
+    wait_for(
+        "the sidecar's evidence in the status",
+        Duration::from_secs(60),
+        || {
+            let p = node.get_json(["retrypolicy", "-n", ns, "webhooks"])?;
+            let seen: u64 = p["status"]["rollout"]["evidence"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|e| e["steps"].as_array().cloned().unwrap_or_default())
+                .filter_map(|s| s["seen"][1].as_u64())
+                .sum();
+            Ok((seen > 0).then_some(()))
+        },
+    )?;
+
+    // A person watches and promotes: the watch ends with 0 on Healthy.
+    let watch = plugin(
+        node,
+        &[
+            "rollout",
+            "status",
+            "webhooks",
+            "-n",
+            ns,
+            "--timeout=120s",
+            "-o",
+            "json",
+        ],
+    )?
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()?;
+    let watch = KillOnDrop(Some(watch));
+    let promote = plugin(node, &["rollout", "promote", "webhooks", "-n", ns])?.output()?;
+    ensure!(
+        promote.status.success(),
+        "promote: {}",
+        String::from_utf8_lossy(&promote.stderr)
+    );
+    let out = watch.wait()?;
+    ensure!(
+        out.status.success(),
+        "rollout status exited {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = json_lines(&String::from_utf8_lossy(&out.stdout))
+        .pop()
+        .context("rollout status printed nothing")?;
+    assert_eq!(last["phase"], json!("Healthy"), "{last}");
+    let promoted = rollout_in_phase(node, ns, "Healthy")?;
+    assert_eq!(promoted["status"]["rollout"]["stableRevision"], canary);
+    Ok(())
+}
+
+/// A child process killed if the step fails before it is waited for.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    fn wait(mut self) -> Result<std::process::Output> {
+        let child = self.0.take().context("waited twice")?;
+        Ok(child.wait_with_output()?)
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ type Report struct {
 	Disposition  string `json:"disposition,omitempty"`
 	Reason       string `json:"reason,omitempty"`
 	Source       string `json:"source,omitempty"`
+	Job          string `json:"job,omitempty"`
+	Revision     string `json:"revision,omitempty"`
 	PolicySource string `json:"policySource,omitempty"`
 	Policy       string `json:"policy,omitempty"`
 	Generation   int64  `json:"generation,omitempty"`
@@ -91,6 +93,7 @@ func run() error {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	calls, fallbacks := 0, 0
+	var firstFailure time.Time
 	for {
 		if calls > 0 { // the first call at once, then one per interval
 			select {
@@ -101,8 +104,14 @@ func run() error {
 			}
 		}
 		attempt := calls%attempts + 1
+		if attempt == 1 {
+			// Every attempt of a job carries its first failure: a policy in rollout
+			// answers all of them from one revision.
+			firstFailure = time.Now()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		answer := client.Decide(ctx, rebound.Failure{Queue: queue, Attempt: attempt, JobID: fmt.Sprintf("node-worker-job-%d", calls/attempts)})
+		job := fmt.Sprintf("node-worker-job-%d", calls/attempts)
+		answer := client.Decide(ctx, rebound.Failure{Queue: queue, Attempt: attempt, JobID: job, FirstFailure: firstFailure})
 		cancel()
 		calls++
 		if answer.Source != rebound.SourceSidecar {
@@ -112,6 +121,7 @@ func run() error {
 			Event: "answer", Seq: calls, Target: target, Queue: queue, Attempt: attempt,
 			Decision: answer.Decision.String(), DelayMs: answer.Delay.Milliseconds(),
 			Source: string(answer.Source), PolicySource: string(answer.PolicySource),
+			Job: job, Revision: answer.Revision,
 		}
 		if !answer.Retry() {
 			r.Disposition, r.Reason = answer.Disposition.String(), answer.Reason.String()

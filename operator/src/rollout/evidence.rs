@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use rebound_policy::rollout::analysis::StepCounts;
-use rebound_policy::rollout::evidence::{EvidenceReport, StepEvidence};
+use rebound_policy::rollout::evidence::{EvidenceReport, MAX_EVIDENCE_COUNT, StepEvidence};
 use rebound_policy::spec::{
     EpochEvidence, EpochStep, MAX_EPOCHS, RETIRED_EPOCH, RolloutPhase, RolloutStatus,
 };
@@ -38,8 +38,20 @@ pub fn merge(status: &mut RolloutStatus, policy: &str, reports: &[Arc<EvidenceRe
             Some((r.epoch.as_str(), p.steps.iter().map(epoch_step).collect()))
         })
         .collect();
+    let mut forgotten = Vec::new();
     for (epoch, steps) in &live {
         match status.evidence.iter_mut().find(|e| e.epoch == *epoch) {
+            Some(kept) if shrank(&kept.steps, steps) => {
+                // The epoch's counter started again (the sidecar dropped it while its
+                // document briefly lacked the rollout). After a `retry` that is the
+                // fresh start the baseline stood for; otherwise what it had counted is
+                // still evidence of this rollout, kept beside the new counts.
+                if kept.baseline.is_empty() {
+                    forgotten.push(std::mem::take(&mut kept.steps));
+                }
+                kept.baseline.clear();
+                kept.steps.clone_from(steps);
+            }
             Some(kept) => kept.steps.clone_from(steps),
             None => status.evidence.push(EpochEvidence {
                 epoch: (*epoch).to_owned(),
@@ -48,11 +60,42 @@ pub fn merge(status: &mut RolloutStatus, policy: &str, reports: &[Arc<EvidenceRe
             }),
         }
     }
+    for steps in forgotten {
+        add_into(&mut retired_entry(&mut status.evidence).steps, &steps);
+    }
     if status.evidence.len() > MAX_EPOCHS {
+        // An epoch still renewing its Lease is not gone, even if its report left this
+        // policy out (over its size limit): retiring it and then taking its next report
+        // as a new epoch would count it twice.
         retire(&mut status.evidence, |epoch| {
-            live.iter().any(|(e, _)| *e == epoch)
+            reports.iter().any(|r| r.epoch == epoch)
         });
     }
+}
+
+/// Whether `now` has fewer of any count than `held`: counts of one counter only grow.
+fn shrank(held: &[EpochStep], now: &[EpochStep]) -> bool {
+    held.iter().any(|h| {
+        let n = now.iter().find(|n| n.step == h.step);
+        (0..4).any(|i| {
+            n.map_or(0, |n| n.mature[i]) < h.mature[i] || n.map_or(0, |n| n.seen[i]) < h.seen[i]
+        })
+    })
+}
+
+/// The `retired` entry, added if missing.
+fn retired_entry(entries: &mut Vec<EpochEvidence>) -> &mut EpochEvidence {
+    let at = match entries.iter().position(|e| e.epoch == RETIRED_EPOCH) {
+        Some(at) => at,
+        None => {
+            entries.push(EpochEvidence {
+                epoch: RETIRED_EPOCH.to_owned(),
+                ..EpochEvidence::default()
+            });
+            entries.len() - 1
+        }
+    };
+    &mut entries[at]
 }
 
 /// Merges the entries of epochs that no longer report into `retired`, then keeps at most
@@ -80,9 +123,12 @@ fn add_into(sum: &mut Vec<EpochStep>, steps: &[EpochStep]) {
     for s in steps {
         match sum.iter_mut().find(|t| t.step == s.step) {
             Some(t) => {
+                // Capped: `status` holds integers the API server reads exactly.
                 for i in 0..4 {
-                    t.mature[i] = t.mature[i].saturating_add(s.mature[i]);
-                    t.seen[i] = t.seen[i].saturating_add(s.seen[i]);
+                    t.mature[i] = t.mature[i]
+                        .saturating_add(s.mature[i])
+                        .min(MAX_EVIDENCE_COUNT);
+                    t.seen[i] = t.seen[i].saturating_add(s.seen[i]).min(MAX_EVIDENCE_COUNT);
                 }
             }
             None => sum.push(*s),
@@ -189,6 +235,48 @@ mod tests {
         }
         assert!(status.evidence.len() <= MAX_EPOCHS + 1);
         let total = (MAX_EPOCHS as u64 + 5) * 10;
+        assert_eq!(summed(&status.evidence).mature[0].failed_all, total);
+    }
+
+    #[test]
+    fn after_a_retry_a_counter_that_started_again_is_fresh_evidence() {
+        // The sidecar dropped its counter when the rollout was rolled back; after the
+        // retry it counts from zero: the baseline of the aborted run no longer applies.
+        let mut status = rolling();
+        merge(&mut status, "p", &[report("aaaaaaaaaaaaaaaa", 100)]);
+        status.evidence[0].baseline = status.evidence[0].steps.clone();
+        merge(&mut status, "p", &[report("aaaaaaaaaaaaaaaa", 30)]);
+        assert_eq!(summed(&status.evidence).mature[0].failed_all, 30);
+        merge(&mut status, "p", &[report("aaaaaaaaaaaaaaaa", 130)]);
+        assert_eq!(summed(&status.evidence).mature[0].failed_all, 130);
+    }
+
+    #[test]
+    fn a_counter_that_started_again_within_a_run_loses_nothing_held() {
+        let mut status = rolling();
+        merge(&mut status, "p", &[report("aaaaaaaaaaaaaaaa", 100)]);
+        merge(&mut status, "p", &[report("aaaaaaaaaaaaaaaa", 20)]);
+        assert_eq!(summed(&status.evidence).mature[0].failed_all, 120);
+        merge(&mut status, "p", &[report("aaaaaaaaaaaaaaaa", 25)]);
+        assert_eq!(summed(&status.evidence).mature[0].failed_all, 125);
+    }
+
+    #[test]
+    fn an_epoch_still_renewing_is_not_retired_and_never_counted_twice() {
+        let mut status = rolling();
+        merge(&mut status, "p", &[report("ffffffffffffffff", 7)]);
+        // Its Lease still renews, but its report leaves this policy out (over its size
+        // limit) while 64 other sidecars come and go.
+        let silent = Arc::new(EvidenceReport {
+            epoch: "ffffffffffffffff".to_owned(),
+            policies: Vec::new(),
+        });
+        for i in 0..MAX_EPOCHS as u64 {
+            let other = report(&format!("{i:016x}"), 10);
+            merge(&mut status, "p", &[silent.clone(), other]);
+        }
+        merge(&mut status, "p", &[report("ffffffffffffffff", 9)]);
+        let total = MAX_EPOCHS as u64 * 10 + 9;
         assert_eq!(summed(&status.evidence).mature[0].failed_all, total);
     }
 

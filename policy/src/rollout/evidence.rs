@@ -25,6 +25,11 @@ pub const EVIDENCE_ANNOTATION: &str = "rebound.dev/rollout-evidence";
 /// Largest report read (and written): a sidecar reports only policies in rollout.
 pub const MAX_EVIDENCE_BYTES: usize = 64 * 1024;
 
+/// Largest count a report may carry: the operator keeps counts in `status`, whose JSON
+/// integers a Kubernetes API server reads exactly only up to 2^53 (beyond, it refuses
+/// every status write of the policy). No sidecar counts that many jobs.
+pub const MAX_EVIDENCE_COUNT: u64 = 1 << 53;
+
 /// Most policies one report may name.
 pub const MAX_EVIDENCE_POLICIES: usize = 128;
 
@@ -121,6 +126,15 @@ impl EvidenceReport {
                         "out of range or repeated",
                     ));
                 }
+                let counts = [s.mature, s.seen]
+                    .into_iter()
+                    .flat_map(|c| [c.failed_new, c.failed_all, c.bad_new, c.bad_all]);
+                if counts.into_iter().any(|n| n > MAX_EVIDENCE_COUNT) {
+                    return Err(field(
+                        format!("policies[{i}].steps[{j}]"),
+                        "a count is over 2^53",
+                    ));
+                }
             }
         }
         Ok(())
@@ -167,6 +181,13 @@ mod report_tests {
         assert!(matches!(
             EvidenceReport::parse(&text),
             Err(EvidenceError::Field { field, .. }) if field == "policies[0].steps[1].step"
+        ));
+        let mut huge = report();
+        huge.policies[0].steps[0].seen.failed_all = u64::MAX;
+        let text = serde_json::to_string(&huge).unwrap();
+        assert!(matches!(
+            EvidenceReport::parse(&text),
+            Err(EvidenceError::Field { field, .. }) if field == "policies[0].steps[0]"
         ));
         let big = "x".repeat(MAX_EVIDENCE_BYTES + 1);
         assert_eq!(

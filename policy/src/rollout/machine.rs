@@ -7,6 +7,7 @@
 //! from it with the same step, the same start times and the same handled request.
 
 use crate::{
+    limits::MAX_ROLLOUT_STEPS,
     resolve::{ResolvedPolicy, ResolvedRollout},
     rollout::{
         analysis::{StepCounts, Verdict, analyse},
@@ -220,8 +221,9 @@ fn started(weight: u32, at: u64) -> StartedStep {
 }
 
 /// Makes the started steps of a status from outside well formed (an exposure every
-/// reader accepts): at least one, weights strictly increasing, times non-decreasing, no
-/// more than the spec has; `step` is the last one.
+/// reader accepts): at least one, weights strictly increasing, times non-decreasing, at
+/// most [`MAX_ROLLOUT_STEPS`]; `step` is the last one. A step beyond a shortened spec
+/// waits for a promote.
 fn normalise_steps(status: &mut RolloutStatus, rollout: &ResolvedRollout, at: u64) {
     if !matches!(
         status.phase,
@@ -236,7 +238,9 @@ fn normalise_steps(status: &mut RolloutStatus, rollout: &ResolvedRollout, at: u6
             && kept
                 .last()
                 .is_none_or(|l| s.weight > l.weight && s.start_unix_ms >= l.start_unix_ms);
-        if !ok || kept.len() >= rollout.steps.len() {
+        // Steps already started stay, even if `spec.rollout.steps` was shortened since:
+        // dropping one would move the jobs it placed to the other revision.
+        if !ok || kept.len() >= MAX_ROLLOUT_STEPS {
             break;
         }
         kept.push(*s);
@@ -277,9 +281,8 @@ fn act(
     );
     match (request.action, status.phase) {
         (RolloutAction::Promote, _) if in_rollout => advance(status, out, input, now),
-        (RolloutAction::PromoteFull, _) if in_rollout || status.phase == RolloutPhase::Degraded => {
-            promote(status, out, input.params)
-        }
+        // Not from Degraded: a revision rolled back for harm is retried, not promoted.
+        (RolloutAction::PromoteFull, _) if in_rollout => promote(status, out, input.params),
         (RolloutAction::Abort, _) if in_rollout => {
             status.phase = RolloutPhase::Degraded;
             out.happened.push(RolloutEvent::Aborted);
@@ -294,7 +297,8 @@ fn act(
             );
             status.handled_request = prev.handled_request;
             // The sidecars' counts of this revision keep growing per epoch: what they
-            // counted so far is subtracted from now on.
+            // counted so far is subtracted from now on (an epoch whose counter started
+            // again meanwhile drops its baseline: operator/src/rollout/evidence.rs).
             status.evidence = prev.evidence;
             for e in &mut status.evidence {
                 e.baseline = e.steps.clone();
@@ -437,7 +441,8 @@ fn judge(status: &mut RolloutStatus, out: &mut Transition, input: &Input<'_>, no
 
 fn analysis_status(verdict: &Verdict) -> AnalysisStatus {
     let e = verdict.evidence();
-    let int = |n: u64| n.min(i64::MAX as u64) as i64;
+    // Capped where an API server still reads JSON integers exactly.
+    let int = |n: u64| n.min(crate::rollout::evidence::MAX_EVIDENCE_COUNT) as i64;
     AnalysisStatus {
         verdict: match verdict {
             Verdict::Continue { .. } => AnalysisVerdict::Continue,

@@ -438,3 +438,36 @@ fn an_unreadable_status_from_outside_applies_the_spec_and_says_so() {
     let t = run(Some(&steps), &new, &r, &[], 3000, None);
     assert_eq!(t.status.steps.len(), 1);
 }
+
+#[test]
+fn a_full_promote_of_a_rolled_back_revision_is_refused() {
+    let r = manual();
+    let (status, new) = rolling(5, &r);
+    let abort = request(RolloutAction::Abort, &status.revision, "a");
+    let degraded = run(Some(&status), &new, &r, &[], 2000, Some(&abort)).status;
+    assert_eq!(degraded.phase, RolloutPhase::Degraded);
+    let full = request(RolloutAction::PromoteFull, &degraded.revision, "b");
+    let t = run(Some(&degraded), &new, &r, &[], 3000, Some(&full));
+    assert_eq!(t.status.phase, RolloutPhase::Degraded);
+    assert!(matches!(
+        t.happened[..],
+        [RolloutEvent::RequestRefused { .. }]
+    ));
+}
+
+#[test]
+fn shortening_the_spec_mid_rollout_keeps_the_started_steps() {
+    let r = manual();
+    let (status, new) = rolling(5, &r);
+    let promote = request(RolloutAction::Promote, &status.revision, "a");
+    let two = run(Some(&status), &new, &r, &[], 2000, Some(&promote)).status;
+    assert_eq!(two.steps.len(), 2);
+    // A commit leaves one step: the 50 % step already placed jobs, so it stays, paused.
+    let one = rollout(&[None], None, OnInconclusive::Pause);
+    let t = run(Some(&two), &new, &one, &[], 3000, None);
+    assert_eq!(t.status.steps, two.steps);
+    assert_eq!(t.status.phase, RolloutPhase::Paused);
+    let promote = request(RolloutAction::Promote, &t.status.revision, "b");
+    let t = run(Some(&t.status), &new, &one, &[], 4000, Some(&promote));
+    assert_eq!(t.status.phase, RolloutPhase::Healthy);
+}

@@ -59,6 +59,11 @@ pub struct Memory {
     pub(crate) statuses: HashMap<String, Written<StatusSeen>>,
     /// Of those, the `status.rollout` written (policies in rollout only), by uid.
     pub(crate) rollouts: HashMap<String, Written<rebound_policy::spec::RolloutStatus>>,
+    /// Rollout statuses the ConfigMap already serves whose status write has not succeeded,
+    /// by uid, with the policy's resourceVersion they were planned from: the next plan
+    /// starts from them, so a refused status write cannot pick a step's start again
+    /// (sidecars may already place jobs by it).
+    pub(crate) served_rollouts: HashMap<String, (String, rebound_policy::spec::RolloutStatus)>,
     pub(crate) summaries: HashMap<String, (i64, Arc<ScheduleSummary>)>,
     /// The namespace's document as last compressed (only when it is stored compressed).
     pub(crate) compressed: crate::configmap::Compressed,
@@ -91,6 +96,7 @@ impl Memory {
     /// Holds nothing that a fresh `Memory` would not: dropping it loses nothing.
     fn is_empty(&self) -> bool {
         !self.has_unconfirmed_writes()
+            && self.served_rollouts.is_empty()
             && self.summaries.is_empty()
             && self.compressed.is_none()
             && self.apply_failing_since.is_none()

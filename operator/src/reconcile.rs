@@ -174,7 +174,10 @@ async fn reconcile_namespace(
     };
     let mut failure = None;
     match write_configmap(ctx, namespace, cm_name, plan, memory).await {
-        Ok(()) => memory.apply_failing_since = None,
+        Ok(()) => {
+            memory.apply_failing_since = None;
+            remember_served(&views, &plans, memory);
+        }
         Err(e @ Error::Conflict(_)) => return Err(e),
         Err(e) => {
             let since = *memory.apply_failing_since.get_or_insert_with(Instant::now);
@@ -260,6 +263,7 @@ fn plan_rollouts(
         .any(|v| v.spec.as_ref().is_ok_and(|s| s.rollout.is_some()));
     if !any {
         memory.rollouts.clear();
+        memory.served_rollouts.clear();
         memory.next_rollout_check_ms = None;
         return crate::rollout::Plans::new();
     }
@@ -267,12 +271,29 @@ fn plan_rollouts(
     let plans = crate::rollout::plan(
         views,
         &memory.rollouts,
+        &memory.served_rollouts,
         &reports,
         crate::rollout::now_unix_ms(),
         ctx.flags.rollout_step_lead.as_millis() as u64,
     );
     memory.next_rollout_check_ms = crate::rollout::next_check(&plans);
     plans
+}
+
+/// After a successful ConfigMap write: the rollout statuses it serves, until their status
+/// writes succeed (`writes::write_statuses` forgets them then).
+fn remember_served(views: &[Arc<PolicyView>], plans: &crate::rollout::Plans, memory: &mut Memory) {
+    for view in views {
+        if let Some(plan) = plans.get(&view.name) {
+            memory.served_rollouts.insert(
+                view.uid.clone(),
+                (
+                    view.resource_version.clone(),
+                    plan.transition.status.clone(),
+                ),
+            );
+        }
+    }
 }
 
 /// Runs CPU work on the blocking pool; a panic there is a panic here.

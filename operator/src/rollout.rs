@@ -39,11 +39,13 @@ pub type Plans = HashMap<String, Plan>;
 
 /// Runs the machine for every policy of the namespace with a valid `spec.rollout`.
 /// `written` holds the rollout statuses this operator wrote that the watch cache may not
-/// show yet (by uid); `reports` the sidecars' live reports of the namespace;
+/// show yet (by uid); `served` those the ConfigMap serves whose status write failed (see
+/// `Memory::served_rollouts`); `reports` the sidecars' live reports of the namespace;
 /// `step_lead_ms` how long after it is written a step takes effect.
 pub fn plan(
     views: &[Arc<PolicyView>],
     written: &HashMap<String, crate::freshness::Written<RolloutStatus>>,
+    served: &HashMap<String, (String, RolloutStatus)>,
     reports: &[Arc<rebound_policy::rollout::evidence::EvidenceReport>],
     now_unix_ms: u64,
     step_lead_ms: u64,
@@ -59,11 +61,15 @@ pub fn plan(
             continue;
         };
         let cached = view.rollout.as_deref().map(|r| &r.status);
-        let prev = newest(
-            Some((view.resource_version.as_str(), cached)),
-            written.get(&view.uid),
-        )
-        .cloned();
+        let prev = match served.get(&view.uid) {
+            // The ConfigMap serves it and nothing has written the policy since.
+            Some((rv, status)) if *rv == view.resource_version => Some(status.clone()),
+            _ => newest(
+                Some((view.resource_version.as_str(), cached)),
+                written.get(&view.uid),
+            )
+            .cloned(),
+        };
         let request = view.rollout.as_deref().and_then(|r| r.request.as_ref());
         let prev = prev.map(|mut p| {
             evidence::merge(&mut p, &view.name, reports);
@@ -160,4 +166,83 @@ pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::DynamicObject;
+    use rebound_policy::rollout::assign::revision_id;
+    use rebound_policy::spec::{RolloutAction, RolloutPhase, RolloutRequest};
+
+    fn spec(max_attempts: u32) -> serde_json::Value {
+        serde_json::json!({
+            "queues": ["q"],
+            "backoff": {"strategy": "constant", "base": "1s"},
+            "maxAttempts": max_attempts,
+            "rollout": {"steps": [{"weight": 10}, {"weight": 50}]},
+        })
+    }
+
+    /// The policy at `max_attempts` 5, paused at step 0 of a rollout from 3, with `request`.
+    fn view(request: Option<&RolloutRequest>) -> Arc<PolicyView> {
+        let stable = resolve(&serde_json::from_value(spec(3)).expect("spec")).expect("valid");
+        let new = resolve(&serde_json::from_value(spec(5)).expect("spec")).expect("valid");
+        let status = RolloutStatus {
+            phase: RolloutPhase::Paused,
+            revision: revision_id(&new),
+            stable_revision: revision_id(&stable),
+            stable_params: serde_json::to_value(&stable).ok(),
+            step: Some(0),
+            steps: vec![rebound_policy::spec::StartedStep {
+                weight: 10,
+                start_unix_ms: 1_000,
+            }],
+            request: request.cloned(),
+            ..RolloutStatus::default()
+        };
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rebound.dev/v1alpha1", "kind": "RetryPolicy",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                         "generation": 2},
+            "spec": spec(5),
+            "status": {"observedGeneration": 2, "rollout": status},
+        }))
+        .expect("object");
+        Arc::new(PolicyView::from_dynamic(&object).expect("view"))
+    }
+
+    #[test]
+    fn a_refused_status_write_never_moves_a_served_step() {
+        let probe = view(None);
+        let revision = probe
+            .rollout
+            .as_ref()
+            .expect("rollout")
+            .status
+            .revision
+            .clone();
+        let promote = RolloutRequest {
+            action: RolloutAction::Promote,
+            revision,
+            id: "a".to_owned(),
+        };
+        let views = [view(Some(&promote))];
+        let first = plan(&views, &HashMap::new(), &HashMap::new(), &[], 10_000, 0);
+        let started = first["p"].transition.status.steps.clone();
+        assert_eq!(started.len(), 2);
+        assert_eq!(started[1].start_unix_ms, 10_000);
+        // The ConfigMap serving step 1 was written, the status write refused: the cache
+        // still shows step 0 and the request. The next plan keeps the served start.
+        let served = HashMap::from([(
+            "u".to_owned(),
+            ("7".to_owned(), first["p"].transition.status.clone()),
+        )]);
+        let again = plan(&views, &HashMap::new(), &served, &[], 20_000, 0);
+        assert_eq!(again["p"].transition.status.steps, started);
+        assert_eq!(again["p"].compiled.as_ref().map(|c| c.steps.len()), Some(2));
+        // Without it, the request would be acted on again with another start.
+        let forgot = plan(&views, &HashMap::new(), &HashMap::new(), &[], 20_000, 0);
+        assert_eq!(forgot["p"].transition.status.steps[1].start_unix_ms, 20_000);
+    }
 }

@@ -114,6 +114,9 @@ pub(crate) async fn write_statuses(
     let present: HashSet<String> = verdicts.iter().map(|(v, _)| v.uid.clone()).collect();
     memory.statuses.retain(|uid, _| present.contains(uid));
     memory.rollouts.retain(|uid, _| present.contains(uid));
+    memory
+        .served_rollouts
+        .retain(|uid, _| present.contains(uid));
 
     let mut writes = Vec::new();
     for (view, verdict) in verdicts {
@@ -200,6 +203,7 @@ pub(crate) async fn write_statuses(
     for (view, seen, notes, rollout, result) in results {
         match result {
             Ok(resource_version) => {
+                memory.served_rollouts.remove(&view.uid);
                 for note in notes {
                     ctx.events.emit(note, view.object_ref());
                 }

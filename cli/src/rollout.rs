@@ -277,6 +277,7 @@ async fn request(
             "status": {"rollout": {"request": {
                 "action": action_name(action),
                 "revision": rollout.revision,
+                "step": rollout.step,
                 "id": id,
             }}},
         });

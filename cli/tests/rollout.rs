@@ -160,6 +160,10 @@ async fn check_request(
     let request = &after["status"]["rollout"]["request"];
     assert_eq!(request["action"], action);
     assert_eq!(request["revision"], NEW, "the revision read");
+    assert_eq!(
+        request["step"], before["status"]["rollout"]["step"],
+        "the step read"
+    );
     let id = request["id"].as_str().context("an id")?.to_owned();
     assert!(is_hex16(&id), "{id}");
     assert_eq!(printed["id"], id.as_str());

@@ -223,6 +223,7 @@ mod tests {
             .revision
             .clone();
         let promote = RolloutRequest {
+            step: None,
             action: RolloutAction::Promote,
             revision,
             id: "a".to_owned(),

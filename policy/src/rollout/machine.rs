@@ -275,6 +275,15 @@ fn act(
             ),
         );
     }
+    if request.step.is_some_and(|seen| status.step != Some(seen)) {
+        return refuse(
+            out,
+            format!(
+                "request made at step {:?} but the rollout is at step {:?}",
+                request.step, status.step
+            ),
+        );
+    }
     let in_rollout = matches!(
         status.phase,
         RolloutPhase::Progressing | RolloutPhase::Paused

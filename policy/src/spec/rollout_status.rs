@@ -163,6 +163,11 @@ pub struct RolloutRequest {
     /// promote typed before a new commit landed cannot promote the new commit.
     #[schemars(length(max = 71))]
     pub revision: String,
+    /// The step the person saw (`status.rollout.step`): a request made at another step is
+    /// refused, so a `promote` that crosses a step passing on its own passes no second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 9), with = "Option<i32>")]
+    pub step: Option<u32>,
     /// Unique per request (the plugin writes a random one), so each is acted on once.
     #[schemars(length(min = 1, max = 64))]
     pub id: String,

@@ -90,6 +90,7 @@ fn fine(weight: u32, n: u64) -> StepCounts {
 
 fn request(action: RolloutAction, revision: &str, id: &str) -> RolloutRequest {
     RolloutRequest {
+        step: None,
         action,
         revision: revision.to_owned(),
         id: id.to_owned(),
@@ -470,4 +471,25 @@ fn shortening_the_spec_mid_rollout_keeps_the_started_steps() {
     let promote = request(RolloutAction::Promote, &t.status.revision, "b");
     let t = run(Some(&t.status), &new, &one, &[], 4000, Some(&promote));
     assert_eq!(t.status.phase, RolloutPhase::Healthy);
+}
+
+#[test]
+fn a_promote_made_at_a_step_that_has_passed_is_refused() {
+    let r = manual();
+    let (status, new) = rolling(5, &r);
+    // A person saw step 0; meanwhile another promote passed it.
+    let first = request(RolloutAction::Promote, &status.revision, "a");
+    let at_one = run(Some(&status), &new, &r, &[], 2000, Some(&first)).status;
+    assert_eq!(at_one.step, Some(1));
+    let late = RolloutRequest {
+        step: Some(0),
+        ..request(RolloutAction::Promote, &status.revision, "b")
+    };
+    let t = run(Some(&at_one), &new, &r, &[], 3000, Some(&late));
+    assert_eq!(t.status.step, Some(1), "step 1 is not passed unseen");
+    assert!(matches!(
+        t.happened[..],
+        [RolloutEvent::RequestRefused { .. }]
+    ));
+    assert_eq!(t.status.handled_request.as_deref(), Some("b"));
 }

@@ -3,7 +3,7 @@
 
 use rebound_policy::{
     RetryPolicy,
-    spec::{AnalysisStatus, AnalysisVerdict, Condition, RolloutPhase, RolloutRequest},
+    spec::{AnalysisStatus, Condition, RolloutPhase, RolloutRequest},
 };
 use serde::Serialize;
 
@@ -61,36 +61,21 @@ pub struct View {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Analysis {
-    pub verdict: AnalysisVerdict,
+    #[serde(flatten)]
+    pub figures: AnalysisStatus,
     /// Bad jobs (dead letters and drops) per failed job of the new revision; absent
     /// before its first failed job.
     pub bad_ratio_new: Option<f64>,
     pub bad_ratio_stable: Option<f64>,
-    pub e_value: f64,
-    pub threshold: f64,
-    pub failed_new: i64,
-    pub failed_stable: i64,
-    pub bad_new: i64,
-    pub bad_stable: i64,
-    pub step_failed_jobs: i64,
-    pub min_failed_jobs: i64,
 }
 
 impl From<&AnalysisStatus> for Analysis {
     fn from(a: &AnalysisStatus) -> Self {
         let ratio = |bad: i64, failed: i64| (failed > 0).then(|| bad as f64 / failed as f64);
         Analysis {
-            verdict: a.verdict,
+            figures: *a,
             bad_ratio_new: ratio(a.bad_new, a.failed_new),
             bad_ratio_stable: ratio(a.bad_stable, a.failed_stable),
-            e_value: a.e_value,
-            threshold: a.threshold,
-            failed_new: a.failed_new,
-            failed_stable: a.failed_stable,
-            bad_new: a.bad_new,
-            bad_stable: a.bad_stable,
-            step_failed_jobs: a.step_failed_jobs,
-            min_failed_jobs: a.min_failed_jobs,
         }
     }
 }
@@ -258,13 +243,17 @@ fn analysis_text(a: &Analysis) -> String {
     format!(
         "{:?}: bad-job ratio new {} vs stable {}; e-value {:.2} (threshold {:.2}); \
          step sample {} failed jobs (minimum {})",
-        a.verdict,
-        ratio(a.bad_ratio_new, a.bad_new, a.failed_new),
-        ratio(a.bad_ratio_stable, a.bad_stable, a.failed_stable),
-        a.e_value,
-        a.threshold,
-        a.step_failed_jobs,
-        a.min_failed_jobs,
+        a.figures.verdict,
+        ratio(a.bad_ratio_new, a.figures.bad_new, a.figures.failed_new),
+        ratio(
+            a.bad_ratio_stable,
+            a.figures.bad_stable,
+            a.figures.failed_stable
+        ),
+        a.figures.e_value,
+        a.figures.threshold,
+        a.figures.step_failed_jobs,
+        a.figures.min_failed_jobs,
     )
 }
 

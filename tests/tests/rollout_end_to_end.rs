@@ -27,7 +27,7 @@ use rebound_policy::compiled::{CONFIGMAP_KEY, CompiledPolicy, CompiledRollout};
 use rebound_policy::rollout::evidence::{EVIDENCE_ANNOTATION, EvidenceReport};
 use rebound_policy::spec::{AnalysisVerdict, RolloutPhase, RolloutStatus};
 use rebound_policy::{CompiledDocument, RetryPolicy};
-use rebound_sidecar::pb::v1::{DecideRequest, Decision, retry_advisor_client::RetryAdvisorClient};
+use rebound_sidecar::pb::v1::retry_advisor_client::RetryAdvisorClient;
 use rebound_test_support::{eventually, free_port};
 use rebound_tests::lease::apply_sidecar_rbac;
 use rebound_tests::process::Running;
@@ -232,21 +232,13 @@ async fn ask(
     first_failure_ms: u64,
     attempt: u32,
 ) -> Result<Answer> {
-    let response = client
-        .decide(DecideRequest {
-            queue: QUEUE.to_owned(),
-            attempt,
-            job_id: job.to_owned(),
-            first_failure_unix_ms: first_failure_ms,
-            ..DecideRequest::default()
-        })
-        .await?
-        .into_inner();
+    let (gave_up, revision) =
+        fleet_support::decide_job(client, QUEUE, job, attempt, first_failure_ms).await?;
     Ok(Answer {
         job: job.to_owned(),
         first_failure_ms,
-        revision: response.revision,
-        gave_up: response.decision == Decision::GiveUp as i32,
+        revision,
+        gave_up,
     })
 }
 

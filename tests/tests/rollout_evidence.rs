@@ -30,9 +30,7 @@ use rebound_policy::{
     },
 };
 use rebound_sidecar::fleet::membership::CONFIG_HASH_ANNOTATION;
-use rebound_sidecar::pb::v1::{
-    DecideRequest, Decision, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
-};
+use rebound_sidecar::pb::v1::{GetPolicyRequest, retry_advisor_client::RetryAdvisorClient};
 use rebound_tests::TestEnv;
 use rebound_tests::lease::apply_sidecar_rbac;
 use tonic::transport::Channel;
@@ -89,20 +87,7 @@ async fn decide(
     attempt: u32,
     first_failure_ms: u64,
 ) -> Result<(bool, String)> {
-    let answer = client
-        .decide(DecideRequest {
-            queue: QUEUE.to_owned(),
-            attempt,
-            job_id: job.to_owned(),
-            first_failure_unix_ms: first_failure_ms,
-            ..DecideRequest::default()
-        })
-        .await?
-        .into_inner();
-    Ok((
-        answer.decision == i32::from(Decision::GiveUp),
-        answer.revision,
-    ))
+    fleet_support::decide_job(client, QUEUE, job, attempt, first_failure_ms).await
 }
 
 /// One job of the fixed set: its first failure (in step 0 or step 1) and whether it runs

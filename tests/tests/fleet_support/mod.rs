@@ -16,7 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use rebound_sidecar::pb::v1::{
-    BudgetScope, GetPolicyRequest, retry_advisor_client::RetryAdvisorClient,
+    BudgetScope, DecideRequest, Decision, GetPolicyRequest,
+    retry_advisor_client::RetryAdvisorClient,
 };
 use rebound_test_support::workspace_binary;
 use rebound_tests::lease::labels;
@@ -127,6 +128,31 @@ impl Sidecar {
         ensure!(exit.success(), "{} exited with {exit}", self.log.display());
         Ok(())
     }
+}
+
+/// Decides `attempt` of `job` on `queue`, its first failure at `first_failure_ms`:
+/// whether it was given up, and the revision that answered (`""` outside a rollout).
+pub async fn decide_job(
+    client: &mut RetryAdvisorClient<Channel>,
+    queue: &str,
+    job: &str,
+    attempt: u32,
+    first_failure_ms: u64,
+) -> Result<(bool, String)> {
+    let answer = client
+        .decide(DecideRequest {
+            queue: queue.to_owned(),
+            attempt,
+            job_id: job.to_owned(),
+            first_failure_unix_ms: first_failure_ms,
+            ..DecideRequest::default()
+        })
+        .await?
+        .into_inner();
+    Ok((
+        answer.decision == i32::from(Decision::GiveUp),
+        answer.revision,
+    ))
 }
 
 /// The budget scope `GetPolicy` reports.

@@ -58,11 +58,7 @@ fn now_ms() -> u64 {
 
 /// How many times job `n` fails before it succeeds: `lo..=hi`, from a fixed-seed hash.
 fn failures(n: u64, lo: u32, hi: u32) -> u32 {
-    let mut x = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
-    lo + (x % u64::from(hi - lo + 1)) as u32
+    lo + (rebound_policy::decide::mix64(n) % u64::from(hi - lo + 1)) as u32
 }
 
 /// One answer a job got.

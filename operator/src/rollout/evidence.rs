@@ -83,15 +83,20 @@ fn shrank(held: &[EpochStep], now: &[EpochStep]) -> bool {
     })
 }
 
+/// An empty `retired` entry.
+fn retired() -> EpochEvidence {
+    EpochEvidence {
+        epoch: RETIRED_EPOCH.to_owned(),
+        ..EpochEvidence::default()
+    }
+}
+
 /// The `retired` entry, added if missing.
 fn retired_entry(entries: &mut Vec<EpochEvidence>) -> &mut EpochEvidence {
     let at = match entries.iter().position(|e| e.epoch == RETIRED_EPOCH) {
         Some(at) => at,
         None => {
-            entries.push(EpochEvidence {
-                epoch: RETIRED_EPOCH.to_owned(),
-                ..EpochEvidence::default()
-            });
+            entries.push(retired());
             entries.len() - 1
         }
     };
@@ -104,10 +109,7 @@ fn retire(entries: &mut Vec<EpochEvidence>, reporting: impl Fn(&str) -> bool) {
     let (gone, mut kept): (Vec<EpochEvidence>, Vec<EpochEvidence>) = std::mem::take(entries)
         .into_iter()
         .partition(|e| e.epoch == RETIRED_EPOCH || !reporting(&e.epoch));
-    let mut retired = EpochEvidence {
-        epoch: RETIRED_EPOCH.to_owned(),
-        ..EpochEvidence::default()
-    };
+    let mut retired = retired();
     for e in gone {
         add_into(&mut retired.steps, &e.steps);
         add_into(&mut retired.baseline, &e.baseline);

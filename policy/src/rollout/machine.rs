@@ -42,6 +42,13 @@ pub struct Input<'a> {
     pub request: Option<&'a RolloutRequest>,
 }
 
+impl Input<'_> {
+    /// When a step written on this look takes effect.
+    fn step_start(&self) -> u64 {
+        self.now_unix_ms.saturating_add(self.step_lead_ms)
+    }
+}
+
 /// The outcome of one look.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transition {
@@ -101,8 +108,7 @@ pub fn stable_params(status: &RolloutStatus) -> Option<ResolvedPolicy> {
 /// status the operator can write.
 pub fn step(input: Input<'_>) -> Transition {
     let now = input.now_unix_ms;
-    // When a step written now takes effect.
-    let effective = now.saturating_add(input.step_lead_ms);
+    let effective = input.step_start();
     let revision = revision_id(input.params);
     let mut out = Transition {
         status: RolloutStatus::default(),
@@ -160,7 +166,7 @@ pub fn step(input: Input<'_>) -> Transition {
         .filter(|r| status.handled_request.as_deref() != Some(r.id.as_str()))
     {
         status.handled_request = Some(request.id.clone());
-        act(&mut status, &mut out, request, &input, now);
+        act(&mut status, &mut out, request, &input);
     }
     judge(&mut status, &mut out, &input, now);
     if matches!(status.phase, RolloutPhase::Healthy | RolloutPhase::Degraded) {
@@ -258,7 +264,6 @@ fn act(
     out: &mut Transition,
     request: &RolloutRequest,
     input: &Input<'_>,
-    now: u64,
 ) {
     let refuse = |out: &mut Transition, why: String| {
         out.happened.push(RolloutEvent::RequestRefused {
@@ -289,7 +294,7 @@ fn act(
         RolloutPhase::Progressing | RolloutPhase::Paused
     );
     match (request.action, status.phase) {
-        (RolloutAction::Promote, _) if in_rollout => advance(status, out, input, now),
+        (RolloutAction::Promote, _) if in_rollout => advance(status, out, input),
         // Not from Degraded: a revision rolled back for harm is retried, not promoted.
         (RolloutAction::PromoteFull, _) if in_rollout => promote(status, out, input.params),
         (RolloutAction::Abort, _) if in_rollout => {
@@ -298,12 +303,7 @@ fn act(
         }
         (RolloutAction::Retry, RolloutPhase::Degraded) => {
             let prev = status.clone();
-            *status = start(
-                &prev,
-                &prev.revision,
-                input.rollout,
-                now.saturating_add(input.step_lead_ms),
-            );
+            *status = start(&prev, &prev.revision, input.rollout, input.step_start());
             status.handled_request = prev.handled_request;
             // The sidecars' counts of this revision keep growing per epoch: what they
             // counted so far is subtracted from now on (an epoch whose counter started
@@ -326,11 +326,11 @@ fn act(
 /// Passes the current step: the next one starts, or after the last the new revision is
 /// promoted. A next step whose weight is not above the started ones (the spec's steps
 /// were edited mid-rollout) is skipped.
-fn advance(status: &mut RolloutStatus, out: &mut Transition, input: &Input<'_>, now: u64) {
+fn advance(status: &mut RolloutStatus, out: &mut Transition, input: &Input<'_>) {
     let current = status.steps.len();
     let last = status.steps.last().copied();
     let floor = last.map_or(0, |s| s.weight);
-    let effective = now.saturating_add(input.step_lead_ms);
+    let effective = input.step_start();
     let at = last.map_or(effective, |s| effective.max(s.start_unix_ms.max(0) as u64));
     let next = input
         .rollout
@@ -406,7 +406,7 @@ fn judge(status: &mut RolloutStatus, out: &mut Transition, input: &Input<'_>, no
             };
             let ends = start.saturating_add(pause);
             if step_ready && now >= ends {
-                advance(status, out, input, now);
+                advance(status, out, input);
                 if status.phase == RolloutPhase::Progressing {
                     // The next step may itself be due (a pause of 0); one step per look.
                     out.next_check_ms = Some(now);

@@ -25,7 +25,7 @@ use rebound_policy::{
         assign::Arm,
         evidence::{
             EvidenceBook, EvidenceReport, MAX_EVIDENCE_BYTES, MAX_EVIDENCE_POLICIES, Observation,
-            PolicyEvidence, maturity_ms, step_at,
+            PolicyEvidence, maturity_ms,
         },
     },
 };
@@ -140,7 +140,7 @@ impl RolloutEvidence {
         }
         let Some(job_id) = q.job_id else { return };
         let first_failure_ms = q.first_failure_ms.unwrap_or(now_ms);
-        let Some((step, weight)) = step_at(&rollout.exposure, first_failure_ms) else {
+        let Some((step, weight)) = rollout.exposure.step_at(first_failure_ms) else {
             return;
         };
         let o = Observation {

@@ -118,9 +118,16 @@ impl Exposure {
     /// The weight in effect at `t`: that of the last step started at or before `t`; `None`
     /// before the first step.
     pub fn weight_at(&self, t_unix_ms: u64) -> Option<u32> {
+        self.step_at(t_unix_ms).map(|(_, weight)| weight)
+    }
+
+    /// The step in effect at `t`, as (index, weight): the last started at or before `t`;
+    /// `None` before the first step.
+    pub fn step_at(&self, t_unix_ms: u64) -> Option<(usize, u32)> {
         // Start times are non-decreasing, so the steps started by `t` are a prefix.
         let started = self.steps.partition_point(|s| s.start_unix_ms <= t_unix_ms);
-        started.checked_sub(1).map(|i| self.steps[i].weight)
+        let i = started.checked_sub(1)?;
+        Some((i, self.steps[i].weight))
     }
 
     /// A job id's bucket in 0..100 for this revision.

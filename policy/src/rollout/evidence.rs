@@ -14,7 +14,7 @@ mod horizon;
 #[cfg(test)]
 mod tests;
 
-pub use count::{EvidenceBook, Observation, Recorded, step_at};
+pub use count::{EvidenceBook, Observation, Recorded};
 pub use horizon::{MATURITY_MARGIN_DIVISOR, MATURITY_MARGIN_MS, horizon_ms, maturity_ms};
 
 use crate::{digest, limits::MAX_ROLLOUT_STEPS, rollout::analysis::StepCounts};

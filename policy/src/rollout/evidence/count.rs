@@ -16,10 +16,7 @@ use crate::{
     limits::{
         EVIDENCE_ID_RETENTION_MS, MAX_EVIDENCE_JOB_IDS, MAX_PENDING_BUCKETS, MAX_ROLLOUT_STEPS,
     },
-    rollout::{
-        analysis::StepCounts,
-        assign::{Arm, Exposure},
-    },
+    rollout::{analysis::StepCounts, assign::Arm},
 };
 
 use super::{PolicyEvidence, StepEvidence};
@@ -37,7 +34,8 @@ pub struct Observation<'a> {
     pub revision: &'a str,
     /// The arm that answered, as the table selected it.
     pub arm: Arm,
-    /// Index of the started step in effect at the job's first failure ([`step_at`]).
+    /// Index of the started step in effect at the job's first failure ([`crate::rollout::assign::Exposure::step_at`]; jobs before the first step get the stable
+    /// revision and are no evidence).
     pub step: usize,
     /// That step's weight.
     pub weight: u32,
@@ -50,15 +48,6 @@ pub struct Observation<'a> {
     /// The decision gave the job up (dead letter or drop, any reason).
     pub gives_up: bool,
     pub now_ms: u64,
-}
-
-/// The index and weight of the last step started at or before `t`; `None` before the
-/// first one (such jobs get the stable revision and are no evidence).
-pub fn step_at(exposure: &Exposure, t_unix_ms: u64) -> Option<(usize, u32)> {
-    let steps = exposure.steps();
-    let started = steps.partition_point(|s| s.start_unix_ms <= t_unix_ms);
-    let i = started.checked_sub(1)?;
-    Some((i, steps[i].weight))
 }
 
 /// What [`EvidenceBook::record`] did with an observation.

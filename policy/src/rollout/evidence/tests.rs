@@ -46,7 +46,7 @@ fn exposure(steps: &[(u32, u64)]) -> Exposure {
     .expect("valid exposure")
 }
 
-/// Feeds one decision the way the sidecar does: arm by `assign::arm`, step by [`step_at`].
+/// Feeds one decision the way the sidecar does: arm by `assign::arm`, step by `Exposure::step_at`.
 #[allow(clippy::too_many_arguments)]
 fn observe(
     book: &mut EvidenceBook,
@@ -58,7 +58,7 @@ fn observe(
     now_ms: u64,
     maturity: Option<u64>,
 ) -> Recorded {
-    let Some((step, weight)) = step_at(e, first_failure_ms) else {
+    let Some((step, weight)) = e.step_at(first_failure_ms) else {
         return Recorded::default();
     };
     let o = Observation {

@@ -60,6 +60,22 @@ async fn rollout_when(
     .await
 }
 
+/// `payments` at 25 attempts until Healthy, then at `to`: the policy once its rollout is
+/// in `phase`.
+async fn change_from_25(
+    env: &TestEnv,
+    api: &Api<RetryPolicy>,
+    to: u32,
+    steps: &str,
+    analysis: &str,
+    phase: RolloutPhase,
+) -> Result<RetryPolicy> {
+    apply(env, &manifest(25, steps, analysis))?;
+    rollout_when(api, "Healthy", |r| r.phase == RolloutPhase::Healthy).await?;
+    apply(env, &manifest(to, steps, analysis))?;
+    rollout_when(api, &format!("{phase:?}"), |r| r.phase == phase).await
+}
+
 fn rollout(p: &RetryPolicy) -> RolloutStatus {
     p.status
         .as_ref()
@@ -241,13 +257,7 @@ async fn bad_evidence_rolls_back() -> Result<()> {
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 10, pause: 1h}]";
     let analysis = "{minFailedJobs: 100}";
-    apply(&env, &manifest(25, steps, analysis))?;
-    rollout_when(&api, "Healthy", |r| r.phase == RolloutPhase::Healthy).await?;
-    apply(&env, &manifest(2, steps, analysis))?;
-    let p = rollout_when(&api, "Progressing", |r| {
-        r.phase == RolloutPhase::Progressing
-    })
-    .await?;
+    let p = change_from_25(&env, &api, 2, steps, analysis, RolloutPhase::Progressing).await?;
     let revision = rollout(&p).revision;
     eventually("the canary served", WAIT, || async {
         Ok(served(client, ns).await?.filter(|p| p.rollout.is_some()))
@@ -308,10 +318,7 @@ async fn a_restart_resumes_with_the_same_step_and_evidence() -> Result<()> {
     let mut op = Operator::start(env.cluster.kubeconfig(), scoped(ns, &["--resync=1h", LEAD]))?;
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 50}]";
-    apply(&env, &manifest(25, steps, "{}"))?;
-    rollout_when(&api, "Healthy", |r| r.phase == RolloutPhase::Healthy).await?;
-    apply(&env, &manifest(6, steps, "{}"))?;
-    let p = rollout_when(&api, "Paused", |r| r.phase == RolloutPhase::Paused).await?;
+    let p = change_from_25(&env, &api, 6, steps, "{}", RolloutPhase::Paused).await?;
     let before = rollout(&p);
     let failed = |r: &RolloutStatus| r.analysis.map(|a| a.failed_new + a.failed_stable);
 
@@ -383,13 +390,7 @@ async fn a_step_with_a_pause_passes_by_itself() -> Result<()> {
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 20, pause: 3s}]";
     let analysis = "{minFailedJobs: 50}";
-    apply(&env, &manifest(25, steps, analysis))?;
-    rollout_when(&api, "Healthy", |r| r.phase == RolloutPhase::Healthy).await?;
-    apply(&env, &manifest(9, steps, analysis))?;
-    let p = rollout_when(&api, "Progressing", |r| {
-        r.phase == RolloutPhase::Progressing
-    })
-    .await?;
+    let p = change_from_25(&env, &api, 9, steps, analysis, RolloutPhase::Progressing).await?;
     let revision = rollout(&p).revision;
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     leases
@@ -437,10 +438,7 @@ async fn a_new_leader_resumes_the_rollout() -> Result<()> {
     let second = Operator::start(env.cluster.kubeconfig(), args("replica-b"))?;
     let api: Api<RetryPolicy> = Api::namespaced(client.clone(), ns);
     let steps = "[{weight: 50}]";
-    apply(&env, &manifest(25, steps, "{}"))?;
-    rollout_when(&api, "Healthy", |r| r.phase == RolloutPhase::Healthy).await?;
-    apply(&env, &manifest(4, steps, "{}"))?;
-    let p = rollout_when(&api, "Paused", |r| r.phase == RolloutPhase::Paused).await?;
+    let p = change_from_25(&env, &api, 4, steps, "{}", RolloutPhase::Paused).await?;
     let before = rollout(&p);
     let failed = |r: &RolloutStatus| r.analysis.map(|a| a.failed_new + a.failed_stable);
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);

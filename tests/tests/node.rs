@@ -547,62 +547,42 @@ fn policy_rollout_is_watched_and_promoted(
     )?;
 
     // A person watches and promotes: the watch ends with 0 on Healthy.
-    let watch = plugin(
-        node,
-        &[
-            "rollout",
-            "status",
-            "webhooks",
-            "-n",
-            ns,
-            "--timeout=120s",
-            "-o",
-            "json",
-        ],
-    )?
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()?;
-    let watch = KillOnDrop(Some(watch));
+    let out_path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(rebound_tests::unique_name("rollout-status"));
+    let mut watch = rebound_tests::process::Running(
+        plugin(
+            node,
+            &[
+                "rollout",
+                "status",
+                "webhooks",
+                "-n",
+                ns,
+                "--timeout=120s",
+                "-o",
+                "json",
+            ],
+        )?
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::process::Stdio::null())
+        .spawn()?,
+    );
     let promote = plugin(node, &["rollout", "promote", "webhooks", "-n", ns])?.output()?;
     ensure!(
         promote.status.success(),
         "promote: {}",
         String::from_utf8_lossy(&promote.stderr)
     );
-    let out = watch.wait()?;
-    ensure!(
-        out.status.success(),
-        "rollout status exited {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let last = json_lines(&String::from_utf8_lossy(&out.stdout))
+    let exit = watch.0.wait()?;
+    let printed = std::fs::read_to_string(&out_path)?;
+    ensure!(exit.success(), "rollout status exited {exit}: {printed}");
+    let last = json_lines(&printed)
         .pop()
         .context("rollout status printed nothing")?;
     assert_eq!(last["phase"], json!("Healthy"), "{last}");
     let promoted = rollout_in_phase(node, ns, "Healthy")?;
     assert_eq!(promoted["status"]["rollout"]["stableRevision"], canary);
     Ok(())
-}
-
-/// A child process killed if the step fails before it is waited for.
-struct KillOnDrop(Option<std::process::Child>);
-
-impl KillOnDrop {
-    fn wait(mut self) -> Result<std::process::Output> {
-        let child = self.0.take().context("waited twice")?;
-        Ok(child.wait_with_output()?)
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------

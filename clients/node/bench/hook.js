@@ -2,18 +2,25 @@
 'use strict';
 // Benchmark (not a test): the hook's cost as the worker sees it.
 //
-//   node bench/hook.js [--sidecar PATH] [--policies FILE] [--calls N] [--rounds R]
+//   node bench/hook.js [--sidecar PATH] [--policies FILE] [--calls N] [--rounds R] [--json FILE]
 //
-// Starts a rebound-sidecar (default: the repository's target/release/rebound-sidecar)
-// on a free 127.0.0.1 port and a Unix socket, with --policies-file (default
-// examples/policies/webhooks.yaml), then measures, from this one process, sequential calls:
-//   bare     a bare @grpc/grpc-js grpc.health.v1.Health/Check
-//   decide   a bare Decide call on the same kind of channel
-//   adapter  rebound.bullmq.backoffStrategy(...) end to end (normalisation, first-failure
+// Starts a rebound-sidecar (--sidecar, else REBOUND_SIDECAR, else
+// $CARGO_TARGET_DIR/release/rebound-sidecar, default target/) on a free 127.0.0.1 port and a
+// Unix socket, with --policies-file (default examples/policies/webhooks.yaml), then measures,
+// from this one process, sequential calls on each transport:
+//   check    a bare @grpc/grpc-js grpc.health.v1.Health/Check (the issue's "bare call")
+//   decide   a bare Decide with the request the adapter sends, on a channel of its own
+//   client   the same Decide through the adapter's own gRPC client (its channel options and
+//            call wrapper), without the hook around it
+//   hook     rebound.bullmq.backoffStrategy(...) end to end (normalisation, first-failure
 //            bookkeeping in memory, Decide, answer mapping, counters, events)
-// over TCP and over the Unix socket, interleaved in rounds so drift hits all alike; then
-// the fallback: decideLocal alone, and the whole hook with the sidecar unreachable.
-// Prints p50 / p99 / mean in microseconds.
+// Each path warms up first (connections, JIT, the first-failure memory of every job). Then
+// R rounds; in each, every path makes N/R calls in a block, in an order that rotates from
+// round to round. A path's figure is the median of its round medians; a ratio is the
+// median over rounds of the ratio of the two paths' medians in that round, so load that
+// drifts during a run touches both sides of a ratio alike. The quartiles of the per-round
+// ratios show the spread. Then the fallback: decideLocal alone, and the whole hook with the
+// sidecar unreachable.
 
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
@@ -24,7 +31,7 @@ const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { createRebound } = require('..');
 const { PreparedPolicy, decidePrepared } = require('../lib/decide');
-const { loadPackage, LOADER_OPTIONS } = require('../lib/client');
+const { AdvisorClient, loadPackage, LOADER_OPTIONS } = require('../lib/client');
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
 const args = process.argv.slice(2);
@@ -32,11 +39,21 @@ const opt = (name, dflt) => {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? args[i + 1] : dflt;
 };
-const SIDECAR = opt('sidecar', path.join(process.env.CARGO_TARGET_DIR ? path.resolve(REPO, process.env.CARGO_TARGET_DIR) : path.join(REPO, 'target'), 'release', 'rebound-sidecar'));
+const TARGET_DIR = process.env.CARGO_TARGET_DIR ? path.resolve(REPO, process.env.CARGO_TARGET_DIR) : path.join(REPO, 'target');
+const SIDECAR = opt('sidecar', process.env.REBOUND_SIDECAR || path.join(TARGET_DIR, 'release', 'rebound-sidecar'));
 const POLICIES = opt('policies', path.join(REPO, 'examples', 'policies', 'webhooks.yaml'));
-const CALLS = Number(opt('calls', 2000));
-const ROUNDS = Number(opt('rounds', 10));
+const CALLS = Number(opt('calls', 10000));
+const ROUNDS = Number(opt('rounds', 20));
+const JSON_OUT = opt('json', undefined);
 const QUEUE = 'webhooks';
+const JOBS = 1000;
+/** The first failure the adapter remembers for every job: sent by the bare Decide too. */
+const FIRST_FAILURE_MS = Date.now() - 60000;
+const DEADLINE_MS = 1000;
+
+if (!(Number.isInteger(CALLS) && Number.isInteger(ROUNDS) && ROUNDS >= 2 && CALLS >= ROUNDS)) {
+  throw new TypeError(`--calls ${CALLS} --rounds ${ROUNDS}: need whole numbers, rounds >= 2, calls >= rounds`);
+}
 
 const health = grpc.loadPackageDefinition(protoLoader.loadSync(path.join(__dirname, 'health.proto'), LOADER_OPTIONS)).grpc
   .health.v1;
@@ -52,7 +69,7 @@ function freePort() {
 
 function unary(stub, method, req) {
   return new Promise((resolve, reject) =>
-    stub[method](req, { deadline: Date.now() + 1000 }, (e, r) => (e ? reject(e) : resolve(r))),
+    stub[method](req, { deadline: Date.now() + DEADLINE_MS }, (e, r) => (e ? reject(e) : resolve(r))),
   );
 }
 
@@ -70,55 +87,77 @@ async function waitServing(target) {
   throw new Error(`sidecar at ${target} never became SERVING`);
 }
 
-function stats(samplesNs) {
-  const s = Float64Array.from(samplesNs, (x) => Number(x) / 1000).sort();
-  const at = (q) => s[Math.min(s.length - 1, Math.floor(q * s.length))];
-  const mean = s.reduce((a, b) => a + b, 0) / s.length;
-  return { p50: at(0.5), p99: at(0.99), mean, n: s.length };
-}
+const sorted = (xs) => Float64Array.from(xs).sort();
+const quantile = (s, q) => s[Math.min(s.length - 1, Math.floor(q * s.length))];
+const median = (xs) => quantile(sorted(xs), 0.5);
 
-async function time(samples, fn) {
-  const t0 = process.hrtime.bigint();
-  await fn();
-  samples.push(process.hrtime.bigint() - t0);
+function fmt(x, width = 9) {
+  return x.toFixed(1).padStart(width);
 }
-
-function row(name, st) {
-  const f = (x) => x.toFixed(1).padStart(9);
-  console.log(`${name.padEnd(34)}${f(st.p50)}${f(st.p99)}${f(st.mean)}${String(st.n).padStart(9)}`);
-}
+const pct = (r) => `${r >= 1 ? '+' : '−'}${Math.abs((r - 1) * 100).toFixed(1)}%`;
 
 async function measureTransport(label, target) {
-  const healthStub = new health.Health(target, grpc.credentials.createInsecure());
+  const checkStub = new health.Health(target, grpc.credentials.createInsecure());
   const advisor = new (loadPackage().RetryAdvisor)(target, grpc.credentials.createInsecure());
-  const rebound = createRebound({ target, logger: false });
+  const client = new AdvisorClient(target, DEADLINE_MS, 'target');
+  const rebound = createRebound({ target, logger: false, deadlineMs: DEADLINE_MS });
   const err = Object.assign(new Error('HTTP 503'), { name: 'http.503' });
-  const jobs = Array.from({ length: 1000 }, (_, i) => ({ id: `job-${i}`, queueName: QUEUE, name: 'deliver', data: {}, opts: {} }));
-  const samples = { bare: [], decide: [], adapter: [] };
+  const jobs = Array.from({ length: JOBS }, (_, i) => ({ id: `job-${i}`, queueName: QUEUE, name: 'deliver', data: {}, opts: {} }));
+  // What the adapter sends for these jobs (attempt 2, first failure from its memory).
+  const requests = jobs.map((j) => ({
+    queue: QUEUE,
+    attempt: 2,
+    job_id: j.id,
+    error_class: 'http.503',
+    first_failure_unix_ms: FIRST_FAILURE_MS,
+    retry_after_ms: 0,
+  }));
+  for (const j of jobs) rebound.firstFailures.set(`${QUEUE}\u0000${j.id}`, { attempt: 1, ms: FIRST_FAILURE_MS });
   let n = 0;
-  const one = {
-    bare: () => unary(healthStub, 'Check', { service: '' }),
-    decide: () => unary(advisor, 'Decide', { queue: QUEUE, attempt: 2, job_id: jobs[n % 1000].id, error_class: 'http.503' }),
-    adapter: () => rebound.bullmq.backoffStrategy(2, 'rebound', err, jobs[n % 1000]),
+  const paths = {
+    check: () => unary(checkStub, 'Check', { service: '' }),
+    decide: () => unary(advisor, 'Decide', requests[n % JOBS]),
+    client: () => client.decide(requests[n % JOBS]),
+    hook: () => rebound.bullmq.backoffStrategy(2, 'rebound', err, jobs[n % JOBS]),
   };
-  // Warm up every path (connections, JIT, the first-failure memory of every job).
-  for (let i = 0; i < 2000; i++, n++) for (const k of Object.keys(one)) await one[k]();
-  const names = Object.keys(one);
+  const names = Object.keys(paths);
+  const warm = Math.max(1000, CALLS / 5);
+  for (let i = 0; i < warm; i++, n++) for (const k of names) await paths[k]();
+  const perRound = Object.fromEntries(names.map((k) => [k, []]));
+  const all = Object.fromEntries(names.map((k) => [k, []]));
+  const block = Math.floor(CALLS / ROUNDS);
+  const times = new Float64Array(block);
   for (let r = 0; r < ROUNDS; r++) {
-    // Each round starts with another path, so no path is always measured last.
+    // Each round starts with another path, so no path is always measured right after another.
     for (const k of names.slice(r % names.length).concat(names.slice(0, r % names.length))) {
-      for (let i = 0; i < CALLS / ROUNDS; i++, n++) await time(samples[k], one[k]);
+      const fn = paths[k];
+      for (let i = 0; i < block; i++, n++) {
+        const t0 = process.hrtime.bigint();
+        await fn();
+        times[i] = Number(process.hrtime.bigint() - t0) / 1000;
+      }
+      perRound[k].push(median(times));
+      all[k].push(...times);
     }
   }
-  if (rebound.metrics().fallback.total !== 0) throw new Error(`${label}: the adapter fell back`);
-  const out = {};
-  for (const k of Object.keys(samples)) {
-    out[k] = stats(samples[k]);
-    row(`${label} ${k}`, out[k]);
+  const fallbacks = rebound.metrics().fallback.total;
+  if (fallbacks !== 0) throw new Error(`${label}: the adapter fell back ${fallbacks} times`);
+  const out = { paths: {}, ratios: {} };
+  for (const k of names) {
+    const s = sorted(all[k]);
+    out.paths[k] = { p50: median(perRound[k]), p99: quantile(s, 0.99), calls: s.length };
+    const p = out.paths[k];
+    console.log(`${`${label} ${k}`.padEnd(14)}${fmt(p.p50)}${fmt(p.p99)}${String(p.calls).padStart(9)}`);
   }
-  console.log(`${label} adapter vs bare at p50: ${((out.adapter.p50 / out.bare.p50 - 1) * 100).toFixed(1)}%`);
-  healthStub.close();
+  for (const [a, b] of [['hook', 'check'], ['hook', 'decide'], ['decide', 'check'], ['client', 'decide'], ['hook', 'client']]) {
+    const rs = sorted(perRound[a].map((x, r) => x / perRound[b][r]));
+    out.ratios[`${a}/${b}`] = { median: quantile(rs, 0.5), q1: quantile(rs, 0.25), q3: quantile(rs, 0.75) };
+    const q = out.ratios[`${a}/${b}`];
+    console.log(`${label} ${a} vs ${b} at p50: ${pct(q.median)} (rounds' quartiles ${pct(q.q1)} … ${pct(q.q3)})`);
+  }
+  checkStub.close();
   advisor.close();
+  client.close();
   await rebound.close();
   return out;
 }
@@ -135,19 +174,25 @@ async function measureFallback() {
   for (let i = 0; i < 20000; i++) {
     const t0 = process.hrtime.bigint();
     decidePrepared(prepared, 1 + (i % 24), { jobId: `3f0c9a4e-${i % 1000}-4e3a-9c1e-2b7d5f8a0c31`, errorClass: 'http.503', firstFailureUnixMs: now - 60000, nowUnixMs: now });
-    local.push(process.hrtime.bigint() - t0);
+    local.push(Number(process.hrtime.bigint() - t0) / 1000);
   }
-  row('fallback decideLocal', stats(local.slice(5000)));
-
   const rebound = createRebound({ target: `127.0.0.1:${await freePort()}`, logger: false });
   const err = Object.assign(new Error('HTTP 503'), { name: 'http.503' });
-  const jobs = Array.from({ length: 1000 }, (_, i) => ({ id: `job-${i}`, queueName: QUEUE, name: 'deliver', data: {}, opts: {} }));
+  const jobs = Array.from({ length: JOBS }, (_, i) => ({ id: `job-${i}`, queueName: QUEUE, name: 'deliver', data: {}, opts: {} }));
   const hook = [];
   for (let i = 0; i < 20000; i++) {
-    await time(hook, () => rebound.bullmq.backoffStrategy(2, 'rebound', err, jobs[i % 1000]));
+    const t0 = process.hrtime.bigint();
+    await rebound.bullmq.backoffStrategy(2, 'rebound', err, jobs[i % JOBS]);
+    hook.push(Number(process.hrtime.bigint() - t0) / 1000);
   }
-  row('fallback hook, sidecar unreachable', stats(hook.slice(5000)));
   await rebound.close();
+  const out = {};
+  for (const [name, xs] of [['decideLocal', local], ['unreachable', hook]]) {
+    const s = sorted(xs.slice(5000));
+    out[name] = { p50: quantile(s, 0.5), p99: quantile(s, 0.99), calls: s.length };
+    console.log(`${`fallback ${name}`.padEnd(22)}${fmt(out[name].p50)}${fmt(out[name].p99)}${String(s.length).padStart(9)}`);
+  }
+  return out;
 }
 
 async function main() {
@@ -162,11 +207,16 @@ async function main() {
   );
   try {
     await waitServing(`127.0.0.1:${port}`);
-    console.log(`node ${process.version}, ${os.cpus().length} CPUs (${os.cpus()[0].model}), load ${os.loadavg()[0].toFixed(2)}`);
-    console.log(`${''.padEnd(34)}${'p50 µs'.padStart(9)}${'p99 µs'.padStart(9)}${'mean µs'.padStart(9)}${'calls'.padStart(9)}`);
-    await measureTransport('tcp', `127.0.0.1:${port}`);
-    await measureTransport('uds', `unix://${sock}`);
-    await measureFallback();
+    const load = os.loadavg()[0];
+    console.log(`node ${process.version}, ${os.cpus().length} CPUs (${os.cpus()[0].model}), load ${load.toFixed(2)}`);
+    console.log(`${CALLS} calls per path and transport in ${ROUNDS} rounds; p50: median of round medians`);
+    console.log(`${''.padEnd(14)}${'p50 µs'.padStart(9)}${'p99 µs'.padStart(9)}${'calls'.padStart(9)}`);
+    const result = { node: process.version, load, calls: CALLS, rounds: ROUNDS };
+    result.tcp = await measureTransport('tcp', `127.0.0.1:${port}`);
+    result.uds = await measureTransport('uds', `unix://${sock}`);
+    result.fallback = await measureFallback();
+    result.loadAfter = os.loadavg()[0];
+    if (JSON_OUT) fs.writeFileSync(JSON_OUT, `${JSON.stringify(result, null, 1)}\n`);
   } finally {
     child.kill('SIGTERM');
     fs.rmSync(dir, { recursive: true, force: true });

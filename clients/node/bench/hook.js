@@ -19,7 +19,8 @@
 // round to round. A path's figure is the median of its round medians; a ratio is the
 // median over rounds of the ratio of the two paths' medians in that round, so load that
 // drifts during a run touches both sides of a ratio alike. The quartiles of the per-round
-// ratios show the spread. Then the fallback: decideLocal alone, and the whole hook with the
+// ratios show the spread. "cpu" is this process's CPU time (all its threads: the client side
+// alone) per call. Then the fallback: decideLocal alone, and the whole hook with the
 // sidecar unreachable.
 
 const { spawn } = require('node:child_process');
@@ -112,7 +113,7 @@ async function measureTransport(label, target) {
     first_failure_unix_ms: FIRST_FAILURE_MS,
     retry_after_ms: 0,
   }));
-  for (const j of jobs) rebound.firstFailures.set(`${QUEUE}\u0000${j.id}`, { attempt: 1, ms: FIRST_FAILURE_MS });
+  for (const j of jobs) rebound.firstFailures.set(QUEUE, j.id, { attempt: 1, ms: FIRST_FAILURE_MS });
   let n = 0;
   const paths = {
     check: () => unary(checkStub, 'Check', { service: '' }),
@@ -127,15 +128,19 @@ async function measureTransport(label, target) {
   const all = Object.fromEntries(names.map((k) => [k, []]));
   const block = Math.floor(CALLS / ROUNDS);
   const times = new Float64Array(block);
+  const cpu = Object.fromEntries(names.map((k) => [k, 0]));
   for (let r = 0; r < ROUNDS; r++) {
     // Each round starts with another path, so no path is always measured right after another.
     for (const k of names.slice(r % names.length).concat(names.slice(0, r % names.length))) {
       const fn = paths[k];
+      const c0 = process.cpuUsage();
       for (let i = 0; i < block; i++, n++) {
         const t0 = process.hrtime.bigint();
         await fn();
         times[i] = Number(process.hrtime.bigint() - t0) / 1000;
       }
+      const c = process.cpuUsage(c0);
+      cpu[k] += c.user + c.system;
       perRound[k].push(median(times));
       all[k].push(...times);
     }
@@ -145,9 +150,9 @@ async function measureTransport(label, target) {
   const out = { paths: {}, ratios: {} };
   for (const k of names) {
     const s = sorted(all[k]);
-    out.paths[k] = { p50: median(perRound[k]), p99: quantile(s, 0.99), calls: s.length };
+    out.paths[k] = { p50: median(perRound[k]), p99: quantile(s, 0.99), cpu: cpu[k] / s.length, calls: s.length };
     const p = out.paths[k];
-    console.log(`${`${label} ${k}`.padEnd(14)}${fmt(p.p50)}${fmt(p.p99)}${String(p.calls).padStart(9)}`);
+    console.log(`${`${label} ${k}`.padEnd(14)}${fmt(p.p50)}${fmt(p.p99)}${fmt(p.cpu)}${String(p.calls).padStart(9)}`);
   }
   for (const [a, b] of [['hook', 'check'], ['hook', 'decide'], ['decide', 'check'], ['client', 'decide'], ['hook', 'client']]) {
     const rs = sorted(perRound[a].map((x, r) => x / perRound[b][r]));
@@ -210,7 +215,7 @@ async function main() {
     const load = os.loadavg()[0];
     console.log(`node ${process.version}, ${os.cpus().length} CPUs (${os.cpus()[0].model}), load ${load.toFixed(2)}`);
     console.log(`${CALLS} calls per path and transport in ${ROUNDS} rounds; p50: median of round medians`);
-    console.log(`${''.padEnd(14)}${'p50 µs'.padStart(9)}${'p99 µs'.padStart(9)}${'calls'.padStart(9)}`);
+    console.log(`${''.padEnd(14)}${'p50 µs'.padStart(9)}${'p99 µs'.padStart(9)}${'cpu µs'.padStart(9)}${'calls'.padStart(9)}`);
     const result = { node: process.version, load, calls: CALLS, rounds: ROUNDS };
     result.tcp = await measureTransport('tcp', `127.0.0.1:${port}`);
     result.uds = await measureTransport('uds', `unix://${sock}`);

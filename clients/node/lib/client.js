@@ -78,7 +78,10 @@ class AdvisorClient {
    * kicks a reconnection attempt, so the channel comes back as soon as the sidecar does.
    */
   down() {
-    return this.stub.getChannel().getConnectivityState(true) === grpc.connectivityState.TRANSIENT_FAILURE;
+    const channel = this.stub.getChannel();
+    // A READY channel has nothing to kick: the common case reads the state and returns.
+    if (channel.getConnectivityState(false) === grpc.connectivityState.READY) return false;
+    return channel.getConnectivityState(true) === grpc.connectivityState.TRANSIENT_FAILURE;
   }
 
   getPolicy(queue) {

@@ -6,8 +6,6 @@ const { normaliseAttempt } = require('./rebound');
 
 /** The job-hash field that holds the first failure's time (ms since the epoch). */
 const FIRST_FAILURE_FIELD = 'rebound:firstFailure';
-/** First-failure times remembered in memory, so later attempts in this process skip Redis. */
-const MEMORY_LIMIT = 10000;
 /** A Redis that does not answer in this long leaves the first failure unknown for this call. */
 const REDIS_TIMEOUT_MS = 2000;
 /** A dead-letter write not confirmed in this long is tried again later (it may have landed). */
@@ -21,13 +19,17 @@ function withTimeout(promise, ms, what) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+function thenable(value) {
+  return value !== null && typeof value === 'object' && typeof value.then === 'function';
+}
+
 /**
- * A hook's result, bounded in time only when it is a promise: BullMQ's and Bull's stall
- * counts are plain numbers, and a timer armed and cleared per call (with the race and the
- * extra awaits around it) was a measurable part of the adapter's own cost per decision.
+ * A hook's result, bounded in time only when it is a promise: BullMQ's stall count is a
+ * plain number, and a timer armed and cleared per call (with the race and the extra awaits
+ * around it) was a measurable part of the adapter's own cost per decision.
  */
 function settled(value, ms, what) {
-  return value !== null && typeof value === 'object' && typeof value.then === 'function' ? withTimeout(Promise.resolve(value), ms, what) : value;
+  return thenable(value) ? withTimeout(Promise.resolve(value), ms, what) : value;
 }
 
 /**
@@ -36,8 +38,8 @@ function settled(value, ms, what) {
  * again at 1) and writes it; later attempts read it. `redis` is
  * `{ hget(field) → Promise<string|null>, hset(field, value) → Promise }` or null.
  */
-async function firstFailure(memory, memKey, redis, attempt, now) {
-  const known = memory.get(memKey);
+async function firstFailure(memory, queue, jobId, redis, attempt, now) {
+  const known = memory.get(queue, jobId);
   if (known && attempt >= known.attempt) return known.ms;
   let ms = now;
   if (redis) {
@@ -50,13 +52,8 @@ async function firstFailure(memory, memKey, redis, attempt, now) {
       await redis.hset(FIRST_FAILURE_FIELD, String(ms));
     }
   }
-  if (memory.size >= MEMORY_LIMIT) memory.delete(memory.keys().next().value);
-  memory.set(memKey, { attempt, ms });
+  memory.set(queue, jobId, { attempt, ms });
   return ms;
-}
-
-function forget(memory, memKey) {
-  memory.delete(memKey);
 }
 
 function errorSummary(err, errorClass) {
@@ -197,7 +194,10 @@ async function runHook(rebound, spec) {
   let attempt = normaliseAttempt(spec.attemptsMade);
   try {
     try {
-      const stalled = spec.stalledRuns ? Number(await settled(spec.stalledRuns(attempt), REDIS_TIMEOUT_MS, 'stalled runs')) : 0;
+      let counted = spec.stalledRuns ? settled(spec.stalledRuns(attempt), REDIS_TIMEOUT_MS, 'stalled runs') : 0;
+      // A plain number is used as it is: awaiting it would only yield to the event loop.
+      if (thenable(counted)) counted = await counted;
+      const stalled = Number(counted);
       if (Number.isInteger(stalled) && stalled > 0) attempt = normaliseAttempt(attempt + stalled);
     } catch (e) {
       rebound.hookError(queue, jobId, 'stalledRuns', e, spec.adapter);
@@ -207,15 +207,13 @@ async function runHook(rebound, spec) {
       const marker = await readPending(rebound, spec, queue, jobId);
       if (marker) return await settleGiveUp(rebound, spec, queue, jobId, attempt, marker);
     }
-    const now = Date.now();
-    const memKey = `${queue}\u0000${jobId}`;
     let ff;
     try {
-      const known = rebound.firstFailures.get(memKey);
+      const known = rebound.firstFailures.get(queue, jobId);
       if (jobId === '') ff = undefined;
       else if (known && attempt >= known.attempt) ff = known.ms; // no Redis round trip
       else {
-        ff = await withTimeout(firstFailure(rebound.firstFailures, memKey, spec.redis, attempt, now), REDIS_TIMEOUT_MS, 'first failure');
+        ff = await withTimeout(firstFailure(rebound.firstFailures, queue, jobId, spec.redis, attempt, Date.now()), REDIS_TIMEOUT_MS, 'first failure');
       }
     } catch (e) {
       rebound.hookError(queue, jobId, 'firstFailure', e, spec.adapter);
@@ -231,7 +229,7 @@ async function runHook(rebound, spec) {
     }, { adapter: spec.adapter });
     if (answer.decision === 'DECISION_RETRY') return answer.delayMs;
 
-    forget(rebound.firstFailures, memKey);
+    rebound.firstFailures.delete(queue, jobId);
     if (answer.disposition === 'DISPOSITION_DEAD_LETTER' && answer.deadLetterQueue) {
       // A give-up already pending (its dead letter refused, then the job ran again without
       // the wrapped processor) keeps its one dead letter.

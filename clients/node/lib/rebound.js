@@ -9,6 +9,7 @@ const { AdvisorClient, resolvedFromWire, policyRefFromWire, grpc } = require('./
 const { PreparedPolicy, decidePrepared, delayForRetry, draws } = require('./decide');
 const { AdapterMetrics, NO_METRICS } = require('./metrics');
 const { prepareRollout, pick } = require('./rollout-cache');
+const { FirstFailures } = require('./first-failures');
 
 /** Above every valid maxAttempts (10000), so the job library's own limit never decides. */
 const LIBRARY_ATTEMPTS = 10001;
@@ -68,7 +69,7 @@ function defaultErrorClass(err) {
 }
 
 /** Default pushback: `err.retryAfterMs` in ms, else `err.retryAfter` as a Retry-After value. */
-function defaultRetryAfterMs(err, nowMs = Date.now()) {
+function defaultRetryAfterMs(err, nowMs) {
   if (!err || typeof err !== 'object') return undefined;
   if (typeof err.retryAfterMs === 'number') return err.retryAfterMs;
   const v = err.retryAfter;
@@ -77,14 +78,16 @@ function defaultRetryAfterMs(err, nowMs = Date.now()) {
     const s = v.trim();
     if (/^\d+$/.test(s)) return Number(s) * 1000;
     const at = Date.parse(s);
-    if (Number.isFinite(at)) return Math.max(0, at - nowMs);
+    // The clock is read only for an HTTP date, not on every hook call.
+    if (Number.isFinite(at)) return Math.max(0, at - (nowMs ?? Date.now()));
   }
   return undefined;
 }
 
 /** Cuts a string to at most `max` UTF-8 bytes without splitting a character. */
 function truncateUtf8(text, max) {
-  if (Buffer.byteLength(text) <= max) return text;
+  // A UTF-16 code unit is at most 3 UTF-8 bytes: short strings need no count.
+  if (text.length * 3 <= max || Buffer.byteLength(text) <= max) return text;
   let out = '';
   let bytes = 0;
   for (const ch of text) {
@@ -108,7 +111,7 @@ function normaliseFailure(f) {
   const out = { queue: String(f.queue), attempt: normaliseAttempt(f.attempt) };
   if (f.jobId !== undefined && f.jobId !== null && String(f.jobId) !== '') {
     const id = String(f.jobId);
-    out.jobId = Buffer.byteLength(id) > MAX_JOB_ID_BYTES ? crypto.createHash('sha256').update(id).digest('hex') : id;
+    out.jobId = id.length * 3 > MAX_JOB_ID_BYTES && Buffer.byteLength(id) > MAX_JOB_ID_BYTES ? crypto.createHash('sha256').update(id).digest('hex') : id;
   }
   if (typeof f.errorClass === 'string' && f.errorClass !== '') {
     out.errorClass = truncateUtf8(f.errorClass, MAX_ERROR_CLASS_BYTES);
@@ -207,8 +210,8 @@ class ReboundCore extends EventEmitter {
     this.timer = setInterval(() => this.refreshAll(), this.refreshIntervalMs);
     this.timer.unref();
     this.closers = [];
-    /** queue\0jobId → { attempt, ms }: first failures seen by this process */
-    this.firstFailures = new Map();
+    /** (queue, jobId) → { attempt, ms }: first failures seen by this process */
+    this.firstFailures = new FirstFailures();
   }
 
   /** Emits without letting a listener's exception reach the hook. */

@@ -4,7 +4,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { createRebound } = require('../..');
-const { normaliseAttempt, defaultErrorClass, defaultRetryAfterMs } = require('../../lib/rebound');
+const { normaliseAttempt, normaliseFailure, defaultErrorClass, defaultRetryAfterMs } = require('../../lib/rebound');
 const { startAdvisor, grpc } = require('./advisor-server');
 
 test('attempt normalisation', () => {
@@ -31,12 +31,33 @@ test('default error class: a string code first, then the name', () => {
   assert.equal(defaultErrorClass('a string'), undefined);
 });
 
+test('job id and error class limits count UTF-8 bytes, at the boundaries', () => {
+  const f = (jobId, errorClass) => normaliseFailure({ queue: 'q', attempt: 1, jobId, errorClass });
+  const three = '€'; // 3 UTF-8 bytes, 1 UTF-16 unit
+  const four = '😀'; // 4 UTF-8 bytes, 2 UTF-16 units
+  assert.equal(f('a'.repeat(512)).jobId, 'a'.repeat(512));
+  assert.match(f('a'.repeat(513)).jobId, /^[0-9a-f]{64}$/);
+  assert.equal(f(three.repeat(170) + 'ab').jobId, three.repeat(170) + 'ab'); // 512 bytes
+  assert.match(f(three.repeat(171)).jobId, /^[0-9a-f]{64}$/); // 513 bytes
+  assert.equal(f(four.repeat(128)).jobId, four.repeat(128)); // 512 bytes
+  assert.match(f(four.repeat(128) + 'a').jobId, /^[0-9a-f]{64}$/);
+  assert.equal(f('j', 'e'.repeat(253)).errorClass, 'e'.repeat(253));
+  assert.equal(f('j', 'e'.repeat(254)).errorClass, 'e'.repeat(253));
+  assert.equal(f('j', three.repeat(84) + 'x').errorClass, three.repeat(84) + 'x'); // 253 bytes
+  // Cut before a character that would not fit whole.
+  assert.equal(f('j', three.repeat(85)).errorClass, three.repeat(84));
+  assert.equal(f('j', 'e'.repeat(250) + four).errorClass, 'e'.repeat(250));
+});
+
 test('default pushback: retryAfterMs, or Retry-After seconds / HTTP date', () => {
   const now = Date.UTC(2026, 0, 1, 12, 0, 0);
   assert.equal(defaultRetryAfterMs({ retryAfterMs: 1500 }, now), 1500);
   assert.equal(defaultRetryAfterMs({ retryAfter: 7 }, now), 7000);
   assert.equal(defaultRetryAfterMs({ retryAfter: ' 120 ' }, now), 120000);
   assert.equal(defaultRetryAfterMs({ retryAfter: 'Thu, 01 Jan 2026 12:00:30 GMT' }, now), 30000);
+  // Without a clock given, an HTTP date is measured from now.
+  const ahead = defaultRetryAfterMs({ retryAfter: new Date(Date.now() + 60000).toUTCString() });
+  assert.ok(ahead > 55000 && ahead <= 60000, `${ahead}`);
   assert.equal(defaultRetryAfterMs({ retryAfter: 'Thu, 01 Jan 2026 11:00:00 GMT' }, now), 0);
   assert.equal(defaultRetryAfterMs({ retryAfter: 'soon' }, now), undefined);
   assert.equal(defaultRetryAfterMs(new Error('x'), now), undefined);

@@ -131,12 +131,7 @@ function createBullMQAdapter(rebound) {
   }
 
   async function backoffStrategy(attemptsMade, type, err, job) {
-    // The job's Redis hash and pending give-up are built on first use: a retry whose first
-    // failure is remembered in memory needs neither (and a fault building them is absorbed
-    // by the hook like any other).
-    let hash;
-    let pending;
-    const redisOf = () => (hash === undefined ? (hash = jobHash(job)) : hash);
+    const hash = jobHash(job);
     return runHook(rebound, {
       adapter: 'bullmq',
       queue: job && job.queueName,
@@ -152,19 +147,12 @@ function createBullMQAdapter(rebound) {
       err,
       name: job && job.name,
       data: job && job.data,
-      get redis() {
-        return redisOf();
-      },
+      redis: hash,
       // BullMQ's failure count at this give-up, of this enqueue of the key: the same for a
       // retried hook call and for the run after a kill, another for every later give-up.
       giveUpId: () => `${job && job.timestamp}.${attemptsMade}`,
-      get pending() {
-        if (pending === undefined) pending = redisOf() && pendingGiveUp(job, redisOf());
-        return pending;
-      },
-      get lockHeld() {
-        return redisOf() ? () => redisOf().lockHeld() : undefined;
-      },
+      pending: hash && pendingGiveUp(job, hash),
+      lockHeld: hash ? () => hash.lockHeld() : undefined,
       async deadLetter(dlq, dlqJobId, payload) {
         // A job id that exists already makes add() a no-op: a repeated call adds nothing.
         await deadLetterQueue(job, dlq).add(payload.name || 'dead-letter', payload, {

@@ -7,7 +7,8 @@ const MEMORY_LIMIT = 10000;
 /**
  * queue → (job id → { attempt, ms }). Two levels rather than one Map keyed by
  * `queue + '\0' + jobId`: that key is a new string on every hook call, flattened and hashed
- * before the lookup (about 0.25 µs a call; the job id's own hash is cached by the engine).
+ * before the lookup, where the job id's own hash is cached by the engine (the in-process
+ * figure of bench/hook.js).
  * Bounded: past MEMORY_LIMIT the oldest entry of the first queue seen is forgotten, and
  * that job's next attempt reads its first failure from Redis again.
  */

@@ -121,8 +121,8 @@ fn answer(
         "attempt": q.attempt,
         "source": source,
         "policy": {
-            "name": entry.name,
-            "namespace": entry.namespace,
+            "name": entry.name(),
+            "namespace": entry.namespace(),
             "generation": entry.generation,
             "configHash": table.hash(),
         },

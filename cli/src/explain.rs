@@ -80,7 +80,7 @@ fn explain(
     let compilation = compile(namespace, sources);
     let doc = &compilation.document;
     let table = PolicyTable::new(doc);
-    let served_by = table.lookup(queue).map(|e| e.name.clone());
+    let served_by = table.lookup(queue).map(|e| e.name().to_owned());
 
     // Every written pattern of every policy that matches, in precedence order.
     let mut candidates = Vec::new();
@@ -151,7 +151,7 @@ fn explain(
         Some(found) => {
             let serves = PolicyTable::new(found)
                 .lookup(queue)
-                .map(|e| e.name.clone());
+                .map(|e| e.name().to_owned());
             json!({
                 "name": configmap_name,
                 "found": true,

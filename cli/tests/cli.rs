@@ -313,7 +313,7 @@ fn answer_of(
     let entry = table.lookup(queue).expect("governed");
     (
         rebound_policy::decide(&entry.policy, attempt, &ctx),
-        entry.name.clone(),
+        entry.name().to_owned(),
     )
 }
 

@@ -285,7 +285,7 @@ async fn kubectl_rebound_explains_asks_and_simulates_from_the_cluster() -> Resul
             ..Context::default()
         };
         assert_eq!(got["source"], "configMap");
-        assert_eq!(got["policy"]["name"], entry.name.as_str());
+        assert_eq!(got["policy"]["name"], entry.name());
         assert_eq!(got["policy"]["configHash"], served.hash.as_str());
         match decide(&entry.policy, attempt, &ctx) {
             Decision::Retry { delay_ms } => {

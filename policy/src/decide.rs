@@ -8,7 +8,7 @@
 use std::cell::Cell;
 
 use crate::{
-    pattern::Glob,
+    pattern::Stars,
     resolve::{Disposition, ResolvedPolicy},
     spec::{JitterKind, Strategy},
 };
@@ -21,8 +21,9 @@ pub struct PreparedPolicy {
     identity: String,
     identity_seed: u64,
     params: ResolvedPolicy,
-    /// `params.non_retryable_errors`, prepared for linear-time matching.
-    non_retryable: Vec<Glob>,
+    /// The parts of each of `params.non_retryable_errors` (same order), prepared for
+    /// linear-time matching against the text kept there: each pattern is stored once.
+    non_retryable: Box<[Option<Stars>]>,
 }
 
 impl PreparedPolicy {
@@ -35,7 +36,7 @@ impl PreparedPolicy {
             non_retryable: params
                 .non_retryable_errors
                 .iter()
-                .map(|p| Glob::new(p))
+                .map(|p| Stars::of(p))
                 .collect(),
             params,
         }
@@ -44,10 +45,19 @@ impl PreparedPolicy {
     /// The first non-retryable pattern that `error_class` matches, adding the matching
     /// work to `steps` (for cost tests).
     pub fn non_retryable_match(&self, error_class: &str, steps: &mut u64) -> Option<&str> {
-        self.non_retryable
+        self.params
+            .non_retryable_errors
             .iter()
-            .find(|glob| glob.matches_counting(error_class, steps))
-            .map(Glob::as_str)
+            .zip(&self.non_retryable)
+            .find(|(text, stars)| {
+                Stars::matches(
+                    stars.as_ref(),
+                    text.as_bytes(),
+                    error_class.as_bytes(),
+                    steps,
+                )
+            })
+            .map(|(text, _)| text.as_str())
     }
 
     pub fn identity(&self) -> &str {

@@ -96,7 +96,7 @@ pub struct Glob {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Stars {
+pub(crate) struct Stars {
     /// `text[..prefix_end]` comes before the first `*`.
     prefix_end: u32,
     /// `text[suffix_start..]` comes after the last `*`.
@@ -114,7 +114,7 @@ struct Run {
 }
 
 impl Run {
-    /// `bytes` and `start` fit in `u32` (checked by [`Glob::from_owned`]).
+    /// `bytes` and `start` fit in `u32` (checked by [`Stars::of`]).
     fn new(bytes: &[u8], start: u32) -> Self {
         let mut failure = vec![0u32; bytes.len()];
         let mut k = 0usize;
@@ -165,31 +165,9 @@ impl Glob {
     /// parsed document neither copies its patterns nor leaves the parsed ones behind as
     /// freed holes between the strings it keeps.
     pub fn from_owned(pattern: String) -> Self {
-        let bytes = pattern.as_bytes();
-        let stars = pattern
-            .find('*')
-            .filter(|_| u32::try_from(bytes.len()).is_ok())
-            .map(|first| {
-                let last = pattern.rfind('*').unwrap_or(first);
-                let mut runs = Vec::new();
-                let mut start = first + 1;
-                for at in first + 1..=last {
-                    if bytes[at] == b'*' {
-                        if at > start {
-                            runs.push(Run::new(&bytes[start..at], start as u32));
-                        }
-                        start = at + 1;
-                    }
-                }
-                Stars {
-                    prefix_end: first as u32,
-                    suffix_start: last as u32 + 1,
-                    runs: runs.into(),
-                }
-            });
         Self {
+            stars: Stars::of(&pattern),
             text: pattern.into_boxed_str(),
-            stars,
         }
     }
 
@@ -199,11 +177,7 @@ impl Glob {
 
     /// The literal text before the first `*` (all of it for an exact name).
     pub fn literal_prefix(&self) -> &[u8] {
-        let bytes = self.text.as_bytes();
-        match &self.stars {
-            Some(stars) => &bytes[..stars.prefix_end as usize],
-            None => bytes,
-        }
+        Stars::literal_prefix(self.stars.as_ref(), self.text.as_bytes())
     }
 
     pub fn matches(&self, name: &str) -> bool {
@@ -212,8 +186,57 @@ impl Glob {
 
     /// [`Glob::matches`], adding the byte steps taken to `steps` (for cost tests).
     pub fn matches_counting(&self, name: &str, steps: &mut u64) -> bool {
-        let (name, pattern) = (name.as_bytes(), self.text.as_bytes());
-        let Some(stars) = &self.stars else {
+        Stars::matches(
+            self.stars.as_ref(),
+            self.text.as_bytes(),
+            name.as_bytes(),
+            steps,
+        )
+    }
+}
+
+impl Stars {
+    /// The parts of `pattern`; `None` for an exact name (or a pattern too long for `u32`
+    /// offsets, which then only matches itself).
+    pub(crate) fn of(pattern: &str) -> Option<Self> {
+        let bytes = pattern.as_bytes();
+        let first = pattern.find('*')?;
+        u32::try_from(bytes.len()).ok()?;
+        let last = pattern.rfind('*').unwrap_or(first);
+        let mut runs = Vec::new();
+        let mut start = first + 1;
+        for at in first + 1..=last {
+            if bytes[at] == b'*' {
+                if at > start {
+                    runs.push(Run::new(&bytes[start..at], start as u32));
+                }
+                start = at + 1;
+            }
+        }
+        Some(Stars {
+            prefix_end: first as u32,
+            suffix_start: last as u32 + 1,
+            runs: runs.into(),
+        })
+    }
+
+    /// The literal text of `pattern` before the first `*` (all of it for an exact name).
+    pub(crate) fn literal_prefix<'a>(stars: Option<&Self>, pattern: &'a [u8]) -> &'a [u8] {
+        match stars {
+            Some(stars) => &pattern[..stars.prefix_end as usize],
+            None => pattern,
+        }
+    }
+
+    /// Whether `name` matches `pattern`, whose parts are `stars` (from [`Stars::of`]):
+    /// the one matcher of [`Glob`] and of the policy table's packed globs.
+    pub(crate) fn matches(
+        stars: Option<&Self>,
+        pattern: &[u8],
+        name: &[u8],
+        steps: &mut u64,
+    ) -> bool {
+        let Some(stars) = stars else {
             *steps += 1;
             return name == pattern;
         };

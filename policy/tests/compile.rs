@@ -48,8 +48,8 @@ fn same_pattern_goes_to_the_older_policy_and_the_loser_is_told() {
         })
     );
     let table = PolicyTable::new(&c.document);
-    assert_eq!(table.lookup("emails").map(|e| e.name.as_str()), Some("old"));
-    assert_eq!(table.lookup("sms").map(|e| e.name.as_str()), Some("young"));
+    assert_eq!(table.lookup("emails").map(|e| e.name()), Some("old"));
+    assert_eq!(table.lookup("sms").map(|e| e.name()), Some("young"));
 }
 
 #[test]
@@ -59,9 +59,7 @@ fn ties_on_age_go_to_the_name_that_sorts_first() {
         vec![source("b", 100, &["q"]), source("a", 100, &["q"])],
     );
     assert_eq!(
-        PolicyTable::new(&c.document)
-            .lookup("q")
-            .map(|e| e.name.as_str()),
+        PolicyTable::new(&c.document).lookup("q").map(|e| e.name()),
         Some("a")
     );
 }
@@ -78,7 +76,7 @@ fn exact_beats_glob_and_longer_prefix_beats_shorter() {
         ],
     );
     let t = PolicyTable::new(&c.document);
-    let who = |q: &str| t.lookup(q).map(|e| e.name.clone());
+    let who = |q: &str| t.lookup(q).map(|e| e.name().to_owned());
     assert_eq!(who("email.eu.receipts").as_deref(), Some("receipts"));
     assert_eq!(who("email.eu.promo").as_deref(), Some("eu-emails"));
     assert_eq!(who("email.us").as_deref(), Some("emails"));
@@ -403,7 +401,7 @@ mod lookup_oracle {
             let doc = compile("ns", sources).document;
             let table = PolicyTable::new(&doc);
             for queue in &queues {
-                let found = table.lookup(queue).map(|e| e.name.clone());
+                let found = table.lookup(queue).map(|e| e.name().to_owned());
                 prop_assert_eq!(found, scan(&doc, queue), "queue {:?}", queue);
             }
         }

@@ -1,8 +1,10 @@
 //! The heap a policy table holds, counted by the allocator itself (no RSS noise): the
 //! generated table of `load` (`--policies`, default 10,000: a queue, a queue glob and, for
 //! half of them, two error classes each), the table as the sidecar builds it on a
-//! reload, and the part of it that is the prepared globs. With `--rollout`, every policy
-//! is in rollout (two revisions each). A program that prints figures.
+//! reload, and the part of it that is the prepared globs; the number of live allocations
+//! too (each small one can pin a page after a reload); and the whole snapshot a request
+//! reads (table, retry budgets, decision series). With `--rollout`, every policy is in
+//! rollout (two revisions each). A program that prints figures.
 //!
 //! cargo run --release -p rebound-sidecar --features testkit --example table_memory [-- --rollout]
 
@@ -11,21 +13,24 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use anyhow::Result;
 use rebound_policy::{CompiledDocument, PolicyTable, pattern::Glob};
-use rebound_sidecar::testkit;
+use rebound_sidecar::{answer::Snapshot, testkit};
 
 /// The system allocator, counting the bytes it holds.
 struct Counting;
 
 static HELD: AtomicIsize = AtomicIsize::new(0);
+static BLOCKS: AtomicIsize = AtomicIsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        BLOCKS.fetch_add(1, Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        BLOCKS.fetch_sub(1, Ordering::Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
 
@@ -41,8 +46,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn held() -> isize {
-    HELD.load(Ordering::Relaxed)
+fn held() -> (isize, isize) {
+    (HELD.load(Ordering::Relaxed), BLOCKS.load(Ordering::Relaxed))
+}
+
+fn since(before: (isize, isize)) -> (isize, isize) {
+    let now = held();
+    (now.0 - before.0, now.1 - before.1)
 }
 
 fn mib(bytes: isize) -> f64 {
@@ -67,7 +77,13 @@ fn main() -> Result<()> {
 
     let before = held();
     let table = PolicyTable::from_document(CompiledDocument::from_json(json.as_bytes())?);
-    let table_bytes = held() - before;
+    let (table_bytes, table_blocks) = since(before);
+
+    let parsed = CompiledDocument::from_json(json.as_bytes())?;
+    let before = held();
+    let snapshot = Snapshot::new(&parsed);
+    let (snapshot_bytes, _) = since(before);
+    drop((snapshot, parsed));
 
     let patterns: Vec<String> = CompiledDocument::from_json(json.as_bytes())?
         .policies
@@ -78,11 +94,12 @@ fn main() -> Result<()> {
         .collect();
     let before = held();
     let globs: Vec<Glob> = patterns.iter().map(|p| Glob::new(p)).collect();
-    let glob_bytes = held() - before;
+    let (glob_bytes, _) = since(before);
 
     println!(
         "{policies} policies{}, document {:.2} MiB: table {:.2} MiB ({:.0} B a policy); \
-         its {} globs prepared alone {:.2} MiB ({:.0} B a glob)",
+         its {} globs prepared alone {:.2} MiB ({:.0} B a glob); {table_blocks} allocations \
+         held ({:.1} a policy); the snapshot a request reads {:.2} MiB",
         if rollout { " all in rollout" } else { "" },
         mib(json.len() as isize),
         mib(table_bytes),
@@ -90,6 +107,8 @@ fn main() -> Result<()> {
         globs.len(),
         mib(glob_bytes),
         glob_bytes as f64 / globs.len().max(1) as f64,
+        table_blocks as f64 / policies.max(1) as f64,
+        mib(snapshot_bytes),
     );
     drop((table, globs));
     Ok(())

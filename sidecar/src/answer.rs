@@ -252,8 +252,8 @@ fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<&'a TableEntry, RequestE
 
 fn policy_ref(cfg: &Snapshot, entry: &TableEntry) -> pb::PolicyRef {
     pb::PolicyRef {
-        name: entry.name.clone(),
-        namespace: entry.namespace.clone(),
+        name: entry.name().to_owned(),
+        namespace: entry.namespace().to_owned(),
         generation: entry.generation,
         config_hash: cfg.hash.clone(),
     }

@@ -144,7 +144,7 @@ impl RolloutEvidence {
             return;
         };
         let o = Observation {
-            policy: &entry.name,
+            policy: entry.name(),
             revision: rollout.exposure.revision(),
             arm,
             step,
@@ -197,10 +197,10 @@ impl RolloutEvidence {
             let revision = rollout.exposure.revision();
             if !policies
                 .iter()
-                .any(|p| p.policy == entry.name && p.revision == revision)
+                .any(|p| p.policy == entry.name() && p.revision == revision)
             {
                 policies.push(PolicyEvidence {
-                    policy: entry.name.clone(),
+                    policy: entry.name().to_owned(),
                     revision: revision.to_owned(),
                     steps: Vec::new(),
                 });
@@ -214,7 +214,7 @@ impl RolloutEvidence {
 
 fn in_rollout(table: &PolicyTable, name: &str, revision: &str) -> bool {
     table.entries().iter().any(|e| {
-        e.name == name
+        e.name() == name
             && e.rollout
                 .as_deref()
                 .is_some_and(|r| r.exposure.revision() == revision)

@@ -31,8 +31,8 @@ fn expected(table: &PolicyTable, req: &pb::DecideRequest) -> Option<pb::DecideRe
     };
     let mut r = pb::DecideResponse {
         policy: Some(pb::PolicyRef {
-            name: entry.name.clone(),
-            namespace: entry.namespace.clone(),
+            name: entry.name().to_owned(),
+            namespace: entry.namespace().to_owned(),
             generation: entry.generation,
             config_hash: table.hash().to_owned(),
         }),
@@ -181,7 +181,7 @@ async fn get_policy_returns_the_resolved_parameters() {
         let policy = got.policy.expect("policy ref");
         assert_eq!(
             (policy.name.as_str(), policy.config_hash.as_str()),
-            (entry.name.as_str(), doc.hash.as_str())
+            (entry.name(), doc.hash.as_str())
         );
     }
     server.stop().await;

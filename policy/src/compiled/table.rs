@@ -1,11 +1,16 @@
 //! The queue table the sidecar answers from: queue → policy lookup over one compiled
 //! document, each entry holding its prepared policy (and, in rollout, both revisions).
+//!
+//! The table keeps its queue names and patterns packed in two blocks of bytes with `u32`
+//! offsets, not one allocation each: a table of 10,000 policies is then a few large
+//! allocations plus a few small ones per entry, so freeing the table it replaces returns
+//! whole pages instead of leaving them pinned by the new table's strings.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 
 use crate::{
     decide::PreparedPolicy,
-    pattern::{self, Glob, Specificity},
+    pattern::{self, Specificity, Stars},
 };
 
 use super::{CompiledDocument, rollout::RolloutEntry};
@@ -13,34 +18,178 @@ use super::{CompiledDocument, rollout::RolloutEntry};
 /// A compiled policy ready to answer, with what the sidecar reports about it.
 #[derive(Debug)]
 pub struct TableEntry {
+    /// Its identity is `namespace/name`; [`TableEntry::name`] and
+    /// [`TableEntry::namespace`] are read from it rather than kept twice.
     pub policy: PreparedPolicy,
-    pub name: String,
-    pub namespace: String,
+    /// Bytes of the namespace at the start of the identity.
+    namespace_len: usize,
     pub generation: i64,
     /// The new revision while a change rolls out; see [`TableEntry::select`].
     pub rollout: Option<Box<RolloutEntry>>,
+}
+
+impl TableEntry {
+    pub fn name(&self) -> &str {
+        self.policy
+            .identity()
+            .get(self.namespace_len + 1..)
+            .unwrap_or_default()
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.policy
+            .identity()
+            .get(..self.namespace_len)
+            .unwrap_or_default()
+    }
 }
 
 /// Queue → policy lookup over one compiled document.
 ///
 /// Exact names are a hash lookup. Globs sit in a trie keyed by their literal prefix, so
 /// a lookup walks the queue name once and tries only globs whose prefix the name has,
-/// longest prefix first; each try is linear ([`Glob`]). No pattern is scanned whose
-/// prefix cannot match, and no try backtracks.
+/// longest prefix first; each try is linear (the matcher of [`pattern::Glob`]). No
+/// pattern is scanned whose prefix cannot match, and no try backtracks.
 #[derive(Debug)]
 pub struct PolicyTable {
     hash: String,
     entries: Vec<TableEntry>,
-    exact: HashMap<String, usize>,
-    /// (pattern, entry) sorted by specificity, most specific first; stable on entry order.
-    globs: Box<[(Glob, u32)]>,
+    exact: ExactIndex,
+    globs: PackedGlobs,
     prefixes: PrefixTrie,
+}
+
+/// Exact queue names → entry, open addressing over one block of name bytes.
+#[derive(Debug)]
+struct ExactIndex {
+    /// Every name once, back to back.
+    bytes: Box<[u8]>,
+    /// `(end of the name in bytes, entry)`; a name starts where the one before ends.
+    names: Box<[(u32, u32)]>,
+    /// Indices into `names`, [`EMPTY`] for a free slot; a power of two, at most half full.
+    slots: Box<[u32]>,
+    keys: RandomState,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+impl ExactIndex {
+    /// `names` in precedence order: the first entry to name a queue keeps it.
+    fn build<'a>(
+        names: impl Iterator<Item = (&'a str, usize)>,
+        count: usize,
+        bytes: usize,
+    ) -> Self {
+        let keys = RandomState::new();
+        let mut slots = vec![EMPTY; (count * 2).next_power_of_two().max(2)].into_boxed_slice();
+        let mut index = Self {
+            bytes: Box::default(),
+            names: Box::default(),
+            slots: Box::default(),
+            keys,
+        };
+        let mut packed = Vec::with_capacity(bytes);
+        let mut kept: Vec<(u32, u32)> = Vec::with_capacity(count);
+        for (name, entry) in names {
+            let mask = slots.len() - 1;
+            let mut slot = index.keys.hash_one(name.as_bytes()) as usize & mask;
+            let fresh = loop {
+                match slots[slot] {
+                    EMPTY => break true,
+                    at => {
+                        let at = at as usize;
+                        let from = at.checked_sub(1).map_or(0, |b| kept[b].0 as usize);
+                        if packed[from..kept[at].0 as usize] == *name.as_bytes() {
+                            break false;
+                        }
+                    }
+                }
+                slot = (slot + 1) & mask;
+            };
+            if fresh {
+                slots[slot] = kept.len() as u32;
+                packed.extend_from_slice(name.as_bytes());
+                kept.push((packed.len() as u32, entry as u32));
+            }
+        }
+        index.bytes = packed.into_boxed_slice();
+        index.names = kept.into_boxed_slice();
+        index.slots = slots;
+        index
+    }
+
+    fn name(&self, at: usize) -> &[u8] {
+        let from = at.checked_sub(1).map_or(0, |b| self.names[b].0 as usize);
+        &self.bytes[from..self.names[at].0 as usize]
+    }
+
+    fn get(&self, name: &str) -> Option<usize> {
+        let mask = self.slots.len() - 1;
+        let mut slot = self.keys.hash_one(name.as_bytes()) as usize & mask;
+        loop {
+            match self.slots[slot] {
+                EMPTY => return None,
+                at if self.name(at as usize) == name.as_bytes() => {
+                    return Some(self.names[at as usize].1 as usize);
+                }
+                _ => slot = (slot + 1) & mask,
+            }
+        }
+    }
+}
+
+/// The globs, most specific first (stable on entry order), their text back to back.
+#[derive(Debug, Default)]
+struct PackedGlobs {
+    bytes: Box<[u8]>,
+    globs: Box<[PackedGlob]>,
+}
+
+#[derive(Debug)]
+struct PackedGlob {
+    /// `bytes[start..end]`; the offsets in `stars` are relative to `start`.
+    start: u32,
+    end: u32,
+    entry: u32,
+    stars: Option<Stars>,
+}
+
+impl PackedGlobs {
+    fn text(&self, glob: &PackedGlob) -> &[u8] {
+        &self.bytes[glob.start as usize..glob.end as usize]
+    }
+
+    fn literal_prefix(&self, glob: &PackedGlob) -> &[u8] {
+        Stars::literal_prefix(glob.stars.as_ref(), self.text(glob))
+    }
+}
+
+/// The globs (in the order given) with their text copied into one block.
+fn pack_globs(globs: &[(&str, usize)], bytes: usize) -> PackedGlobs {
+    let mut packed = Vec::with_capacity(bytes);
+    let globs = globs
+        .iter()
+        .map(|&(pattern, entry)| {
+            let start = packed.len() as u32;
+            packed.extend_from_slice(pattern.as_bytes());
+            PackedGlob {
+                start,
+                end: packed.len() as u32,
+                entry: entry as u32,
+                stars: Stars::of(pattern),
+            }
+        })
+        .collect();
+    PackedGlobs {
+        bytes: packed.into_boxed_slice(),
+        globs,
+    }
 }
 
 /// Literal prefixes of the globs, as a trie laid out in flat arrays (a few allocations in
 /// all, not two per node). Node `n`'s edges are `edge_byte/edge_child[edge_start[n]..
 /// edge_start[n + 1]]`, sorted by byte; the globs whose prefix ends at `n` (indices into
-/// `PolicyTable::globs`, ascending, so in precedence order) are
+/// `PackedGlobs::globs`, ascending, so in precedence order) are
 /// `globs[glob_start[n]..glob_start[n + 1]]`. Indices are `u32`, half the bytes of
 /// `usize`: a document is at most 8 MiB, so nodes, edges and globs stay far below 2³².
 #[derive(Debug)]
@@ -125,46 +274,49 @@ impl PolicyTable {
         Self::from_document(doc.clone())
     }
 
-    /// Indexes a document, taking its names, patterns and parameters instead of copying
-    /// them: a reload of 10,000 policies then allocates and frees half as much.
+    /// Indexes a document, taking its parameters instead of copying them. Names and
+    /// patterns are copied once into the packed blocks, each sized before it is filled.
     pub fn from_document(doc: CompiledDocument) -> Self {
-        // Sized once for the exact names instead of grown.
-        let exact_names = doc
-            .policies
-            .iter()
-            .flat_map(|p| &p.queues)
-            .filter(|q| !q.contains('*'))
-            .count();
-        let mut exact = HashMap::with_capacity(exact_names);
+        let (mut exact_count, mut exact_bytes, mut glob_bytes) = (0, 0, 0);
         let mut globs = Vec::new();
-        let mut entries = Vec::with_capacity(doc.policies.len());
-        for (index, p) in doc.policies.into_iter().enumerate() {
-            let identity = p.identity();
-            for q in p.queues {
+        for (index, p) in doc.policies.iter().enumerate() {
+            for q in &p.queues {
                 if q.contains('*') {
-                    globs.push((q, index));
+                    glob_bytes += q.len();
+                    globs.push((q.as_str(), index));
                 } else {
-                    exact.entry(q).or_insert(index);
+                    exact_count += 1;
+                    exact_bytes += q.len();
                 }
             }
-            entries.push(TableEntry {
-                rollout: p.rollout.and_then(|r| RolloutEntry::new(&identity, r)),
-                policy: PreparedPolicy::new(identity, p.params),
-                name: p.name,
-                namespace: p.namespace,
-                generation: p.generation,
-            });
         }
+        let exact = ExactIndex::build(
+            doc.policies.iter().enumerate().flat_map(|(index, p)| {
+                p.queues
+                    .iter()
+                    .filter(|q| !q.contains('*'))
+                    .map(move |q| (q.as_str(), index))
+            }),
+            exact_count,
+            exact_bytes,
+        );
         // Most specific first; on equal specificity the earlier policy (the document is in
         // precedence order). Keys are computed once per pattern, not once per comparison.
         globs.sort_by_cached_key(|(pattern, index)| {
             (std::cmp::Reverse(Specificity::of(pattern)), *index)
         });
-        let globs: Box<[(Glob, u32)]> = globs
-            .into_iter()
-            .map(|(pattern, index)| (Glob::from_owned(pattern), index as u32))
-            .collect();
-        let prefixes = PrefixTrie::build(globs.iter().map(|(g, _)| g.literal_prefix()));
+        let globs = pack_globs(&globs, glob_bytes);
+        let prefixes = PrefixTrie::build(globs.globs.iter().map(|g| globs.literal_prefix(g)));
+        let mut entries = Vec::with_capacity(doc.policies.len());
+        for p in doc.policies {
+            let identity = p.identity();
+            entries.push(TableEntry {
+                rollout: p.rollout.and_then(|r| RolloutEntry::new(&identity, r)),
+                policy: PreparedPolicy::new(identity, p.params),
+                namespace_len: p.namespace.len(),
+                generation: p.generation,
+            });
+        }
         Self {
             hash: doc.hash,
             entries,
@@ -184,7 +336,7 @@ impl PolicyTable {
     pub fn lookup_counting(&self, queue: &str, steps: &mut u64) -> Option<&TableEntry> {
         *steps += 1;
         let index = match self.exact.get(queue) {
-            Some(&i) => i,
+            Some(i) => i,
             None => self.glob_lookup(queue, steps)?,
         };
         self.entries.get(index)
@@ -207,9 +359,10 @@ impl PolicyTable {
         // Longer literal prefixes are more specific, so deeper nodes come first.
         path[..=depth].iter().rev().find_map(|&node| {
             self.prefixes.globs_at(node).iter().find_map(|&g| {
-                let (glob, entry) = &self.globs[g as usize];
-                glob.matches_counting(queue, steps)
-                    .then_some(*entry as usize)
+                let glob = &self.globs.globs[g as usize];
+                let text = self.globs.text(glob);
+                Stars::matches(glob.stars.as_ref(), text, queue.as_bytes(), steps)
+                    .then_some(glob.entry as usize)
             })
         })
     }

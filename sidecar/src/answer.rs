@@ -425,7 +425,7 @@ pub fn to_response(
                     disposition: disposition.into(),
                     dead_letter_queue,
                     reason: reason_code.into(),
-                    reason_message: reason.to_string(),
+                    reason_message: message(&reason),
                     policy: Some(policy),
                     ..Default::default()
                 },
@@ -433,6 +433,18 @@ pub fn to_response(
             )
         }
     }
+}
+
+/// Bytes reserved for a give-up's message: its longest fixed wording with its figures
+/// fits, so formatting allocates once instead of growing the string four or five times.
+const REASON_MESSAGE_BYTES: usize = 128;
+
+fn message(reason: &GiveUpReason) -> String {
+    use std::fmt::Write as _;
+    let mut message = String::with_capacity(REASON_MESSAGE_BYTES);
+    // Writing to a String cannot fail.
+    let _ = write!(message, "{reason}");
+    message
 }
 
 fn disposition_to_wire(d: Disposition) -> (pb::Disposition, String) {
@@ -679,7 +691,7 @@ mod tests {
 
     fn req(queue: &str, attempt: u32) -> wire::DecideRequest {
         wire::DecideRequest {
-            queue: queue.as_bytes().to_vec(),
+            queue: queue.to_owned().into(),
             attempt,
             ..Default::default()
         }

@@ -63,10 +63,11 @@ impl Snapshot {
     }
 
     /// Where `entry` (one of this table's) sits in the document: the index of its
-    /// per-policy series, found without hashing its identity on every call.
+    /// per-policy series, found without hashing its identity on every call. An entry from
+    /// elsewhere gets a position past the end, which counts nothing.
     fn position(&self, entry: &TableEntry) -> usize {
         let base = self.table.entries().as_ptr() as usize;
-        (std::ptr::from_ref(entry) as usize - base) / std::mem::size_of::<TableEntry>()
+        (std::ptr::from_ref(entry) as usize).wrapping_sub(base) / std::mem::size_of::<TableEntry>()
     }
 }
 

@@ -84,9 +84,9 @@ fn run(
                 let mut took = Vec::with_capacity(per_thread);
                 for n in 0..per_thread {
                     let req = wire::DecideRequest {
-                        queue: format!("q{}", n % POLICIES).into_bytes(),
+                        queue: format!("q{}", n % POLICIES).into(),
                         attempt: if n % 3 == 0 { 25 } else { 1 },
-                        job_id: format!("job-{t}-{n}").into_bytes(),
+                        job_id: format!("job-{t}-{n}").into(),
                         first_failure_unix_ms: now,
                         ..Default::default()
                     };

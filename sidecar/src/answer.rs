@@ -29,7 +29,7 @@ pub struct Snapshot {
     pub hash: String,
     /// Retry-budget schedulers of the budgeted policies.
     pub budgets: Budgets,
-    /// Each policy's decision counters.
+    /// Each policy's decision counters, in the document's order (the table's).
     pub decisions: Decisions,
 }
 
@@ -44,15 +44,30 @@ impl Snapshot {
     }
 
     /// Takes the document: the table is built from its parts without copying them.
+    /// `decisions` must be built from `doc`: they are found by the table entry's position.
     pub fn with_series(doc: CompiledDocument, budgets: Budgets, decisions: Decisions) -> Self {
         let (namespace, hash) = (doc.namespace.clone(), doc.hash.clone());
+        let table = PolicyTable::from_document(doc);
+        debug_assert_eq!(
+            decisions.len(),
+            table.len(),
+            "decisions of another document"
+        );
         Self {
-            table: PolicyTable::from_document(doc),
+            table,
             namespace,
             hash,
             budgets,
             decisions,
         }
+    }
+
+    /// Where `entry` (one of this table's) sits in the document: the index of its
+    /// per-policy series, found without hashing its identity on every call. An entry from
+    /// elsewhere gets a position past the end, which counts nothing.
+    fn position(&self, entry: &TableEntry) -> usize {
+        let base = self.table.entries().as_ptr() as usize;
+        (std::ptr::from_ref(entry) as usize).wrapping_sub(base) / std::mem::size_of::<TableEntry>()
     }
 }
 
@@ -341,7 +356,8 @@ fn answer_with(
     let Some(budget) = budgeted else {
         let (mut response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
         response.revision = selected.revision.to_owned();
-        cfg.decisions.count(identity, reason, response.delay_ms);
+        cfg.decisions
+            .count(cfg.position(entry), reason, response.delay_ms);
         return (response, reason);
     };
     let ask = Ask {
@@ -363,7 +379,8 @@ fn answer_with(
             reason = Reason::BudgetStretched;
         }
     }
-    cfg.decisions.count(identity, reason, response.delay_ms);
+    cfg.decisions
+        .count(cfg.position(entry), reason, response.delay_ms);
     (response, reason)
 }
 
@@ -409,7 +426,7 @@ pub fn to_response(
                     disposition: disposition.into(),
                     dead_letter_queue,
                     reason: reason_code.into(),
-                    reason_message: reason.to_string(),
+                    reason_message: message(&reason),
                     policy: Some(policy),
                     ..Default::default()
                 },
@@ -417,6 +434,18 @@ pub fn to_response(
             )
         }
     }
+}
+
+/// Bytes reserved for a give-up's message: its longest fixed wording with its figures
+/// fits, so formatting allocates once instead of growing the string four or five times.
+const REASON_MESSAGE_BYTES: usize = 128;
+
+fn message(reason: &GiveUpReason) -> String {
+    use std::fmt::Write as _;
+    let mut message = String::with_capacity(REASON_MESSAGE_BYTES);
+    // Writing to a String cannot fail.
+    let _ = write!(message, "{reason}");
+    message
 }
 
 fn disposition_to_wire(d: Disposition) -> (pb::Disposition, String) {
@@ -663,7 +692,7 @@ mod tests {
 
     fn req(queue: &str, attempt: u32) -> wire::DecideRequest {
         wire::DecideRequest {
-            queue: queue.as_bytes().to_vec(),
+            queue: queue.to_owned().into(),
             attempt,
             ..Default::default()
         }

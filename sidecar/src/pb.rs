@@ -165,3 +165,33 @@ pub fn count_field(mut bytes: &[u8], field: u64, stop_after: usize) -> usize {
 
 /// The fully qualified service name, as health checks and reflection know it.
 pub const ADVISOR_SERVICE: &str = "rebound.v1.RetryAdvisor";
+
+#[cfg(test)]
+mod tests {
+    use prost::{Message, bytes::Bytes};
+
+    use super::{server as wire, v1 as pb};
+
+    /// The server's request text is sliced out of the received bytes, not copied per field.
+    #[test]
+    fn request_text_borrows_the_received_message() {
+        let sent = pb::DecideRequest {
+            queue: "orders".to_owned(),
+            attempt: 2,
+            job_id: "job-7".to_owned(),
+            error_class: "Timeout".to_owned(),
+            ..Default::default()
+        };
+        let received = Bytes::from(sent.encode_to_vec());
+        let req = wire::DecideRequest::decode(received.clone()).expect("decodes");
+        let within = received.as_ptr_range();
+        for (field, text, want) in [
+            ("queue", &req.queue, "orders"),
+            ("job_id", &req.job_id, "job-7"),
+            ("error_class", &req.error_class, "Timeout"),
+        ] {
+            assert_eq!(&text[..], want.as_bytes(), "{field}");
+            assert!(within.contains(&text.as_ptr()), "{field} was copied");
+        }
+    }
+}

@@ -31,9 +31,9 @@ fn exercise(doc: &CompiledDocument) {
                 for attempt in [1, 2, policy.params.max_attempts, u32::MAX] {
                     let name = queue.replace('*', "x");
                     let req = wire::DecideRequest {
-                        queue: name.clone().into_bytes(),
+                        queue: name.clone().into(),
                         attempt,
-                        job_id: b"job".to_vec(),
+                        job_id: prost::bytes::Bytes::from_static(b"job"),
                         ..Default::default()
                     };
                     if let Ok((response, _)) = answer::decide_one(&loaded, &req, now) {

@@ -22,9 +22,9 @@ pub fn run(data: &[u8]) {
         for queue in &policy.queues {
             let name = queue.replace('*', "x");
             let req = wire::DecideRequest {
-                queue: name.clone().into_bytes(),
+                queue: name.clone().into(),
                 attempt: 1,
-                job_id: b"job".to_vec(),
+                job_id: prost::bytes::Bytes::from_static(b"job"),
                 ..Default::default()
             };
             if let Ok((response, _)) = answer::decide_one(&snapshot, &req, 0) {

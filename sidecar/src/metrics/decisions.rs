@@ -1,9 +1,10 @@
 //! `decisions_total{policy, outcome, disposition, reason}` and the retry-delay histogram.
 //!
 //! Each loaded configuration gets one [`PolicyDecisions`] per policy holding the counter
-//! handles of its label sets, so counting a decision is a map lookup by the policy's
-//! identity and one atomic add: a label set is built once per policy and reason, on the
-//! first such decision, never per call. Series are created on first use rather than at
+//! handles of its label sets, at the policy's position in the document (the table's
+//! entry order), so counting a decision is an index and one atomic add: no hash of the
+//! identity per call, and a label set is built once per policy and reason, on the first
+//! such decision. Series are created on first use rather than at
 //! load: a namespace of 10,000 policies would otherwise scrape as 40,000 zeros. A reload
 //! keeps the series of the policies it keeps (same label set, same counter) and removes
 //! those of the policies it drops or whose disposition changed, so the series stay bounded
@@ -123,20 +124,22 @@ impl DecisionFamily {
     /// The handles of `doc`'s policies; a policy kept from the configuration before
     /// finds its series (same label set) and keeps counting.
     pub fn build(&self, doc: &CompiledDocument) -> Decisions {
-        let by_identity = doc
+        let policies: Box<[PolicyDecisions]> = doc
             .policies
             .iter()
-            .map(|p| {
-                let identity: Arc<str> = p.identity().into();
-                let series = PolicyDecisions {
-                    policy: LabelText(Arc::clone(&identity)),
-                    disposition: disposition(&p.params.terminal),
-                    counters: Default::default(),
-                };
-                (identity, series)
+            .map(|p| PolicyDecisions {
+                policy: LabelText(p.identity().into()),
+                disposition: disposition(&p.params.terminal),
+                counters: Default::default(),
             })
             .collect();
+        let by_identity = policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (Arc::clone(&p.policy.0), i))
+            .collect();
         Decisions {
+            policies,
             by_identity,
             family: self.clone(),
         }
@@ -146,8 +149,8 @@ impl DecisionFamily {
     /// disposition. Called once requests have let go of `old`: one still answering from it
     /// could otherwise create a removed series again.
     pub fn retire(&self, old: &Decisions, new: &Decisions) {
-        for policy in old.by_identity.values() {
-            let kept = new.by_identity.get(&policy.policy.0);
+        for policy in &old.policies {
+            let kept = new.get(&policy.policy.0);
             if kept.is_some_and(|k| k.disposition == policy.disposition) {
                 continue;
             }
@@ -184,10 +187,12 @@ impl PolicyDecisions {
     }
 }
 
-/// The decision handles of one configuration, by policy identity (`namespace/name`).
+/// The decision handles of one configuration, in the document's policy order.
 #[derive(Debug)]
 pub struct Decisions {
-    by_identity: HashMap<Arc<str>, PolicyDecisions>,
+    policies: Box<[PolicyDecisions]>,
+    /// Positions by identity (`namespace/name`), for a reload to find the series it keeps.
+    by_identity: HashMap<Arc<str>, usize>,
     family: DecisionFamily,
 }
 
@@ -197,9 +202,24 @@ impl Decisions {
         DecisionFamily::detached().build(doc)
     }
 
-    /// Counts one decision of `identity`'s policy; `delay_ms` is the retry delay answered.
-    pub fn count(&self, identity: &str, reason: Reason, delay_ms: u64) {
-        if let Some(policy) = self.by_identity.get(identity) {
+    /// Policies counted: those of the document built from.
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+
+    fn get(&self, identity: &str) -> Option<&PolicyDecisions> {
+        let &i = self.by_identity.get(identity)?;
+        self.policies.get(i)
+    }
+
+    /// Counts one decision of the policy at `position` in the document (its table entry's
+    /// position); `delay_ms` is the retry delay answered.
+    pub fn count(&self, position: usize, reason: Reason, delay_ms: u64) {
+        if let Some(policy) = self.policies.get(position) {
             policy.counters[reason.index()]
                 .get_or_init(|| {
                     self.family

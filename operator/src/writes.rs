@@ -27,7 +27,7 @@ use crate::status::{self, StatusSeen, Verdict};
 /// share of requests in flight: fewer than the creating client's left most statuses to
 /// be written after the last create (docs/operator.md, Benchmarks). Operator-wide, so
 /// namespaces reconciled at once do not multiply it.
-pub(crate) const STATUS_WRITES_IN_FLIGHT: usize = 64;
+pub(crate) const STATUS_WRITES_IN_FLIGHT: usize = 128;
 
 pub(crate) async fn write_configmap(
     ctx: &Context,

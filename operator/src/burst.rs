@@ -5,8 +5,12 @@
 //! a GitOps sync) compiles, compresses and writes a document that the next create makes
 //! stale at once. So a reconcile that finds its namespace in a burst (two policy events
 //! less than [`QUIET`] apart, the last one less than [`QUIET`] ago) is put off until the
-//! burst pauses for [`QUIET`], for at most [`MAX_WAIT`] in a row: a burst costs one compile
-//! per second instead of one per reconcile. A lone change, and the first event of a burst,
+//! burst pauses for [`QUIET`], or until [`MAX_WAIT`] has passed since the namespace's
+//! last compile began: a burst costs one compile per second instead of one per reconcile,
+//! and a long burst is compiled (and its policies' statuses written) as it goes, so only
+//! the last second's policies are left when it ends. A reconcile that itself takes longer
+//! than [`MAX_WAIT`] (the status writes of a large burst) is followed by the next compile
+//! at once, without a pause in between. A lone change, and the first event of a burst,
 //! are not delayed at all. A put-off reconcile returns at once with a requeue, so it holds
 //! none of the applier's concurrent slots while it waits.
 
@@ -17,8 +21,8 @@ use std::time::{Duration, Instant};
 /// A pause this long ends a burst.
 pub const QUIET: Duration = Duration::from_millis(100);
 
-/// The longest a namespace's compile is put off, so a namespace under a steady stream of
-/// changes is still compiled once a second.
+/// The most time between the starts of two compiles of a namespace in a burst, so a
+/// namespace under a steady stream of changes is still compiled once a second.
 pub const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// Namespaces held at most before quiet ones are dropped (each entry is a name and three
@@ -29,8 +33,9 @@ const PRUNE_ABOVE: usize = 1024;
 struct Recent {
     previous: Instant,
     last: Instant,
-    /// Since when its compile has been put off.
-    deferred_since: Option<Instant>,
+    /// When its last compile began (or, before its first, since when it has been put off):
+    /// the next one in a burst begins at most [`MAX_WAIT`] later.
+    since: Option<Instant>,
 }
 
 /// The recent policy events of each namespace.
@@ -55,7 +60,7 @@ impl Bursts {
                         // No earlier event: far enough in the past to be no burst.
                         previous: now.checked_sub(QUIET).unwrap_or(now),
                         last: now,
-                        deferred_since: None,
+                        since: None,
                     },
                 );
             }
@@ -73,13 +78,14 @@ impl Bursts {
             return None;
         }
         if r.last.saturating_duration_since(r.previous) >= QUIET {
+            r.since = Some(now);
             return None;
         }
-        let started = *r.deferred_since.get_or_insert(now);
+        let started = *r.since.get_or_insert(now);
         let left = MAX_WAIT.saturating_sub(now.saturating_duration_since(started));
         if left.is_zero() {
-            // Compiled now; a burst that goes on is put off again, for another MAX_WAIT.
-            r.deferred_since = None;
+            // Compiled now; a burst that goes on waits for the next MAX_WAIT from here.
+            r.since = Some(now);
             return None;
         }
         Some((QUIET - since).min(left))
@@ -139,12 +145,37 @@ mod tests {
                 compiles.push(now - t);
             }
         }
-        // The first event alone is no burst; then one compile per MAX_WAIT.
+        // The first event alone is no burst; then one compile per MAX_WAIT, counted
+        // from the start of the one before.
         assert_eq!(
             compiles,
-            [Duration::ZERO, 1010 * MS, 2020 * MS],
+            [Duration::ZERO, 1000 * MS, 2000 * MS],
             "{compiles:?}"
         );
+    }
+
+    #[test]
+    fn a_reconcile_longer_than_max_wait_is_followed_by_a_compile_at_once() {
+        let b = Bursts::default();
+        let t = Instant::now();
+        b.event("a", t);
+        assert_eq!(b.defer("a", t), None, "a lone event is compiled at once");
+        // That reconcile writes statuses for 3 s while the burst goes on.
+        for i in 1..=300u32 {
+            b.event("a", t + i * 10 * MS);
+        }
+        assert_eq!(
+            b.defer("a", t + 3001 * MS),
+            None,
+            "no second pause between the compiles of a long burst"
+        );
+        // The next one waits for MAX_WAIT from that compile's start.
+        b.event("a", t + 3005 * MS);
+        b.event("a", t + 3010 * MS);
+        assert_eq!(b.defer("a", t + 3020 * MS), Some(QUIET - 10 * MS));
+        b.event("a", t + 3990 * MS);
+        b.event("a", t + 4000 * MS);
+        assert_eq!(b.defer("a", t + 4001 * MS), None);
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct Context {
     pub summaries: Arc<Summaries>,
     /// Recent policy events per namespace, to compile a burst once.
     pub bursts: Arc<crate::burst::Bursts>,
+    /// Status writes in flight, all namespaces together (see `writes`).
+    pub status_writes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Memory {

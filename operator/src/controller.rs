@@ -228,6 +228,9 @@ pub async fn run(
         events,
         summaries: Arc::default(),
         bursts,
+        status_writes: Arc::new(tokio::sync::Semaphore::new(
+            crate::writes::STATUS_WRITES_IN_FLIGHT,
+        )),
     });
     let settings = controller::Config::default().concurrency(flags.concurrency);
     applier(

@@ -1,28 +1,12 @@
 //! Matching work is bounded by the lengths involved, never by backtracking or by how many
 //! patterns a namespace holds: counted in byte steps, not timed.
 
-use rebound_policy::{
-    CompiledDocument, CompiledPolicy, Disposition, PolicyTable, PreparedPolicy, ResolvedPolicy,
-    pattern::Glob,
-    spec::{JitterKind, Strategy},
-};
+mod support;
 
-fn params(non_retryable_errors: Vec<String>) -> ResolvedPolicy {
-    ResolvedPolicy {
-        strategy: Strategy::Exponential,
-        base_ms: 1_000,
-        multiplier: 2.0,
-        cap_ms: 600_000,
-        jitter: JitterKind::Full,
-        jitter_ratio: 0.0,
-        schedule_ms: vec![],
-        max_attempts: 10,
-        max_retry_duration_ms: None,
-        non_retryable_errors,
-        terminal: Disposition::Drop,
-        retry_budget: None,
-    }
-}
+use rebound_policy::{
+    CompiledDocument, CompiledPolicy, PolicyTable, PreparedPolicy, pattern::Glob,
+};
+use support::params_with_errors;
 
 /// The review's worst valid namespace: 50 policies × 64 queue patterns and 64 error
 /// patterns of the form `*aaa…(125)…b<i>.<j>`.
@@ -40,7 +24,7 @@ fn hostile_document() -> CompiledDocument {
             uid: String::new(),
             generation: 1,
             queues: hostile_patterns(i),
-            params: params(hostile_patterns(i)),
+            params: params_with_errors(hostile_patterns(i)),
             rollout: None,
         })
         .collect();
@@ -94,7 +78,7 @@ fn queue_lookup_in_the_hostile_namespace_is_bounded() {
 
 #[test]
 fn error_class_matching_in_the_hostile_policy_is_bounded() {
-    let policy = PreparedPolicy::new("ns/p0", params(hostile_patterns(0)));
+    let policy = PreparedPolicy::new("ns/p0", params_with_errors(hostile_patterns(0)));
     let class = "a".repeat(253);
     let mut steps = 0;
     assert_eq!(policy.non_retryable_match(&class, &mut steps), None);
@@ -111,7 +95,7 @@ fn prefix_index_tries_only_globs_whose_prefix_the_queue_has() {
             uid: String::new(),
             generation: 1,
             queues: (0..60).map(|j| format!("team{i}.svc{j}.*")).collect(),
-            params: params(vec![]),
+            params: params_with_errors(vec![]),
             rollout: None,
         })
         .collect();

@@ -7,10 +7,10 @@ use std::{
     sync::atomic::{AtomicIsize, Ordering},
 };
 
-use rebound_policy::{
-    CompiledDocument, CompiledPolicy, Disposition, PolicyTable, ResolvedPolicy,
-    spec::{JitterKind, Strategy},
-};
+mod support;
+
+use rebound_policy::{CompiledDocument, CompiledPolicy, PolicyTable};
+use support::params_with_errors;
 
 /// The system allocator, counting the blocks it holds.
 struct Counting;
@@ -32,23 +32,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn params(non_retryable_errors: Vec<String>) -> ResolvedPolicy {
-    ResolvedPolicy {
-        strategy: Strategy::Exponential,
-        base_ms: 1_000,
-        multiplier: 2.0,
-        cap_ms: 600_000,
-        jitter: JitterKind::Full,
-        jitter_ratio: 0.0,
-        schedule_ms: vec![],
-        max_attempts: 10,
-        max_retry_duration_ms: None,
-        non_retryable_errors,
-        terminal: Disposition::Drop,
-        retry_budget: None,
-    }
-}
-
 /// `load`'s shape: a queue and a queue glob each, two error classes for every other one.
 fn document(policies: usize) -> CompiledDocument {
     let policies = (0..policies)
@@ -58,7 +41,7 @@ fn document(policies: usize) -> CompiledDocument {
             uid: String::new(),
             generation: 1,
             queues: vec![format!("q{i}"), format!("g{i}.*")],
-            params: params(if i % 2 == 0 {
+            params: params_with_errors(if i % 2 == 0 {
                 vec![format!("E{i}"), format!("Timeout.{i}.*")]
             } else {
                 vec![]

@@ -61,14 +61,6 @@ impl Snapshot {
             decisions,
         }
     }
-
-    /// Where `entry` (one of this table's) sits in the document: the index of its
-    /// per-policy series, found without hashing its identity on every call. An entry from
-    /// elsewhere gets a position past the end, which counts nothing.
-    fn position(&self, entry: &TableEntry) -> usize {
-        let base = self.table.entries().as_ptr() as usize;
-        (std::ptr::from_ref(entry) as usize).wrapping_sub(base) / std::mem::size_of::<TableEntry>()
-    }
 }
 
 /// Longest queue name accepted; the same bound as the CRD's names.
@@ -248,8 +240,19 @@ pub fn check_request(req: &wire::DecideRequest, now_ms: u64) -> Result<Question<
     })
 }
 
-fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<&'a TableEntry, RequestError> {
-    cfg.table.lookup(queue).ok_or_else(|| {
+/// The policy that governs `queue`, found once.
+struct Found<'a> {
+    entry: &'a TableEntry,
+    /// The entry's position in the document: its decision series' index.
+    position: usize,
+}
+
+fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<Found<'a>, RequestError> {
+    let found = cfg.table.position(queue).and_then(|position| {
+        let entry = cfg.table.entries().get(position)?;
+        Some(Found { entry, position })
+    });
+    found.ok_or_else(|| {
         if cfg.table.is_empty() {
             return RequestError::NotFound(format!(
                 "namespace {:?} has no RetryPolicies (configuration {} is empty), so none \
@@ -312,10 +315,11 @@ pub fn decide_counted(
     evidence: Option<&RolloutEvidence>,
 ) -> Result<(pb::DecideResponse, Reason), RequestError> {
     let q = check_request(req, now_ms)?;
-    let entry = lookup(cfg, q.queue)?;
+    let found = lookup(cfg, q.queue)?;
+    let entry = found.entry;
     let (decision, selected) = entry.decide(q.attempt, &context(&q, now_ms));
     let arm = selected.arm;
-    let answered = answer_with(cfg, entry, &q, decision, selected, now_ms);
+    let answered = answer_with(cfg, &found, &q, decision, selected, now_ms);
     if let (Some(evidence), Some(rollout)) = (evidence, entry.rollout.as_deref()) {
         let seen = Answered {
             job_id: q.job_id,
@@ -332,12 +336,13 @@ pub fn decide_counted(
 /// policy's decision series.
 fn answer_with(
     cfg: &Snapshot,
-    entry: &TableEntry,
+    found: &Found<'_>,
     q: &Question<'_>,
     decision: Decision,
     selected: Selected<'_>,
     now_ms: u64,
 ) -> (pb::DecideResponse, Reason) {
+    let entry = found.entry;
     let identity = entry.policy.identity();
     let params = selected.policy.params();
     // Whether the caller's Retry-After decided the delay, as `decide` applies it.
@@ -357,7 +362,7 @@ fn answer_with(
         let (mut response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
         response.revision = selected.revision.to_owned();
         cfg.decisions
-            .count(cfg.position(entry), reason, response.delay_ms);
+            .count(found.position, reason, response.delay_ms);
         return (response, reason);
     };
     let ask = Ask {
@@ -380,7 +385,7 @@ fn answer_with(
         }
     }
     cfg.decisions
-        .count(cfg.position(entry), reason, response.delay_ms);
+        .count(found.position, reason, response.delay_ms);
     (response, reason)
 }
 
@@ -510,7 +515,7 @@ pub fn get_policy(
     req: &wire::GetPolicyRequest,
 ) -> Result<pb::GetPolicyResponse, RequestError> {
     let queue = check_queue(&req.queue)?;
-    let entry = lookup(cfg, queue)?;
+    let entry = lookup(cfg, queue)?.entry;
     let budget_scope = entry
         .policy
         .params()

@@ -334,12 +334,20 @@ impl PolicyTable {
     /// [`PolicyTable::lookup`], adding the matching work done (trie levels walked plus
     /// glob byte steps) to `steps`, so tests can bound it without timing.
     pub fn lookup_counting(&self, queue: &str, steps: &mut u64) -> Option<&TableEntry> {
+        self.entries.get(self.position_counting(queue, steps)?)
+    }
+
+    /// The position in document order ([`PolicyTable::entries`]) of the policy that
+    /// governs `queue`: what state kept beside the table per policy is indexed by.
+    pub fn position(&self, queue: &str) -> Option<usize> {
+        self.position_counting(queue, &mut 0)
+    }
+
+    fn position_counting(&self, queue: &str, steps: &mut u64) -> Option<usize> {
         *steps += 1;
-        let index = match self.exact.get(queue) {
-            Some(i) => i,
-            None => self.glob_lookup(queue, steps)?,
-        };
-        self.entries.get(index)
+        self.exact
+            .get(queue)
+            .or_else(|| self.glob_lookup(queue, steps))
     }
 
     fn glob_lookup(&self, queue: &str, steps: &mut u64) -> Option<usize> {

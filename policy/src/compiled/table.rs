@@ -73,6 +73,14 @@ struct ExactIndex {
 
 const EMPTY: u32 = u32::MAX;
 
+/// Name `at` of `names` (ends in `bytes`): it starts where the one before ends.
+fn name_at<'a>(bytes: &'a [u8], names: &[(u32, u32)], at: usize) -> &'a [u8] {
+    let from = at
+        .checked_sub(1)
+        .map_or(0, |before| names[before].0 as usize);
+    &bytes[from..names[at].0 as usize]
+}
+
 impl ExactIndex {
     /// `names` in precedence order: the first entry to name a queue keeps it.
     fn build<'a>(
@@ -82,29 +90,17 @@ impl ExactIndex {
     ) -> Self {
         let keys = RandomState::new();
         let mut slots = vec![EMPTY; (count * 2).next_power_of_two().max(2)].into_boxed_slice();
-        let mut index = Self {
-            bytes: Box::default(),
-            names: Box::default(),
-            slots: Box::default(),
-            keys,
-        };
+        let mask = slots.len() - 1;
         let mut packed = Vec::with_capacity(bytes);
         let mut kept: Vec<(u32, u32)> = Vec::with_capacity(count);
         for (name, entry) in names {
-            let mask = slots.len() - 1;
-            let mut slot = index.keys.hash_one(name.as_bytes()) as usize & mask;
+            let mut slot = keys.hash_one(name.as_bytes()) as usize & mask;
             let fresh = loop {
                 match slots[slot] {
                     EMPTY => break true,
-                    at => {
-                        let at = at as usize;
-                        let from = at.checked_sub(1).map_or(0, |b| kept[b].0 as usize);
-                        if packed[from..kept[at].0 as usize] == *name.as_bytes() {
-                            break false;
-                        }
-                    }
+                    at if name_at(&packed, &kept, at as usize) == name.as_bytes() => break false,
+                    _ => slot = (slot + 1) & mask,
                 }
-                slot = (slot + 1) & mask;
             };
             if fresh {
                 slots[slot] = kept.len() as u32;
@@ -112,15 +108,12 @@ impl ExactIndex {
                 kept.push((packed.len() as u32, entry as u32));
             }
         }
-        index.bytes = packed.into_boxed_slice();
-        index.names = kept.into_boxed_slice();
-        index.slots = slots;
-        index
-    }
-
-    fn name(&self, at: usize) -> &[u8] {
-        let from = at.checked_sub(1).map_or(0, |b| self.names[b].0 as usize);
-        &self.bytes[from..self.names[at].0 as usize]
+        Self {
+            bytes: packed.into_boxed_slice(),
+            names: kept.into_boxed_slice(),
+            slots,
+            keys,
+        }
     }
 
     fn get(&self, name: &str) -> Option<usize> {
@@ -129,7 +122,7 @@ impl ExactIndex {
         loop {
             match self.slots[slot] {
                 EMPTY => return None,
-                at if self.name(at as usize) == name.as_bytes() => {
+                at if name_at(&self.bytes, &self.names, at as usize) == name.as_bytes() => {
                     return Some(self.names[at as usize].1 as usize);
                 }
                 _ => slot = (slot + 1) & mask,

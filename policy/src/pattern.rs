@@ -158,16 +158,9 @@ impl Run {
 
 impl Glob {
     pub fn new(pattern: &str) -> Self {
-        Self::from_owned(pattern.to_owned())
-    }
-
-    /// [`Glob::new`] keeping the caller's string as the glob's text: a table built from a
-    /// parsed document neither copies its patterns nor leaves the parsed ones behind as
-    /// freed holes between the strings it keeps.
-    pub fn from_owned(pattern: String) -> Self {
         Self {
-            stars: Stars::of(&pattern),
-            text: pattern.into_boxed_str(),
+            stars: Stars::of(pattern),
+            text: pattern.into(),
         }
     }
 

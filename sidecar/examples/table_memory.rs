@@ -2,9 +2,10 @@
 //! generated table of `load` (`--policies`, default 10,000: a queue, a queue glob and, for
 //! half of them, two error classes each), the table as the sidecar builds it on a
 //! reload, and the part of it that is the prepared globs; the number of live allocations
-//! too (each small one can pin a page after a reload); and the whole snapshot a request
-//! reads (table, retry budgets, decision series). With `--rollout`, every policy is in
-//! rollout (two revisions each). A program that prints figures.
+//! too (each small one can pin a page after a reload); the decision series and budgets
+//! before any decision; and the whole snapshot a request reads (table, retry budgets,
+//! decision series). With `--rollout`, every policy is in rollout (two revisions each). A
+//! program that prints figures.
 //!
 //! cargo run --release -p rebound-sidecar --features testkit --example table_memory [-- --rollout]
 
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use anyhow::Result;
 use rebound_policy::{CompiledDocument, PolicyTable, pattern::Glob};
-use rebound_sidecar::{answer::Snapshot, testkit};
+use rebound_sidecar::{answer::Snapshot, metrics::Decisions, retry_budgets::Budgets, testkit};
 
 /// The system allocator, counting the bytes it holds.
 struct Counting;
@@ -79,6 +80,11 @@ fn main() -> Result<()> {
     let table = PolicyTable::from_document(CompiledDocument::from_json(json.as_bytes())?);
     let (table_bytes, table_blocks) = since(before);
 
+    let before = held();
+    let series = (Budgets::detached(&table), Decisions::detached(&table));
+    let (series_bytes, series_blocks) = since(before);
+    drop(series);
+
     let parsed = CompiledDocument::from_json(json.as_bytes())?;
     let before = held();
     let snapshot = Snapshot::new(&parsed);
@@ -99,7 +105,8 @@ fn main() -> Result<()> {
     println!(
         "{policies} policies{}, document {:.2} MiB: table {:.2} MiB ({:.0} B a policy); \
          its {} globs prepared alone {:.2} MiB ({:.0} B a glob); {table_blocks} allocations \
-         held ({:.1} a policy); the snapshot a request reads {:.2} MiB",
+         held ({:.1} a policy); decision series and budgets before any decision {:.3} MiB \
+         ({:.1} B, {:.4} allocations a policy); the snapshot a request reads {:.2} MiB",
         if rollout { " all in rollout" } else { "" },
         mib(json.len() as isize),
         mib(table_bytes),
@@ -108,6 +115,9 @@ fn main() -> Result<()> {
         mib(glob_bytes),
         glob_bytes as f64 / globs.len().max(1) as f64,
         table_blocks as f64 / policies.max(1) as f64,
+        mib(series_bytes),
+        series_bytes as f64 / policies.max(1) as f64,
+        series_blocks as f64 / policies.max(1) as f64,
         mib(snapshot_bytes),
     );
     drop((table, globs));

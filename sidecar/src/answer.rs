@@ -29,34 +29,31 @@ pub struct Snapshot {
     pub hash: String,
     /// Retry-budget schedulers of the budgeted policies.
     pub budgets: Budgets,
-    /// Each policy's decision counters, in the document's order (the table's).
+    /// Each policy's decision counters, by table entry position.
     pub decisions: Decisions,
 }
 
 impl Snapshot {
     /// With fresh schedulers and counters whose metrics are registered nowhere.
     pub fn new(doc: &CompiledDocument) -> Self {
-        Self::with_series(
-            doc.clone(),
-            Budgets::detached(doc),
-            Decisions::detached(doc),
-        )
+        let table = PolicyTable::from_document(doc.clone());
+        let (budgets, decisions) = (Budgets::detached(&table), Decisions::detached(&table));
+        Self::with_series(doc.namespace.clone(), table, budgets, decisions)
     }
 
-    /// Takes the document: the table is built from its parts without copying them.
-    /// `decisions` must be built from `doc`: they are found by the table entry's position.
-    pub fn with_series(doc: CompiledDocument, budgets: Budgets, decisions: Decisions) -> Self {
-        let (namespace, hash) = (doc.namespace.clone(), doc.hash.clone());
-        let table = PolicyTable::from_document(doc);
-        debug_assert_eq!(
-            decisions.len(),
-            table.len(),
-            "decisions of another document"
-        );
+    /// `budgets` and `decisions` must be built from `table`: they are found by the table
+    /// entry's position.
+    pub fn with_series(
+        namespace: String,
+        table: PolicyTable,
+        budgets: Budgets,
+        decisions: Decisions,
+    ) -> Self {
+        debug_assert_eq!(decisions.len(), table.len(), "decisions of another table");
         Self {
+            hash: table.hash().to_owned(),
             table,
             namespace,
-            hash,
             budgets,
             decisions,
         }
@@ -343,7 +340,6 @@ fn answer_with(
     now_ms: u64,
 ) -> (pb::DecideResponse, Reason) {
     let entry = found.entry;
-    let identity = entry.policy.identity();
     let params = selected.policy.params();
     // Whether the caller's Retry-After decided the delay, as `decide` applies it.
     let pushed_back = match (&decision, q.retry_after_ms) {
@@ -355,14 +351,14 @@ fn answer_with(
     // A policy's budget paces what its queue calls, whichever revision answers: the
     // scheduler is the stable revision's, and a changed budget applies on promotion.
     let budgeted = match (entry.policy.params().retry_budget, &decision) {
-        (Some(_), Decision::Retry { .. }) => cfg.budgets.get(identity),
+        (Some(_), Decision::Retry { .. }) => cfg.budgets.get(found.position),
         _ => None,
     };
     let Some(budget) = budgeted else {
         let (mut response, reason) = to_response(decision, policy_ref(cfg, entry), pushed_back);
         response.revision = selected.revision.to_owned();
         cfg.decisions
-            .count(found.position, reason, response.delay_ms);
+            .count(found.position, entry, reason, response.delay_ms);
         return (response, reason);
     };
     let ask = Ask {
@@ -385,7 +381,7 @@ fn answer_with(
         }
     }
     cfg.decisions
-        .count(found.position, reason, response.delay_ms);
+        .count(found.position, entry, reason, response.delay_ms);
     (response, reason)
 }
 
@@ -515,12 +511,12 @@ pub fn get_policy(
     req: &wire::GetPolicyRequest,
 ) -> Result<pb::GetPolicyResponse, RequestError> {
     let queue = check_queue(&req.queue)?;
-    let entry = lookup(cfg, queue)?.entry;
+    let Found { entry, position } = lookup(cfg, queue)?;
     let budget_scope = entry
         .policy
         .params()
         .retry_budget
-        .and(cfg.budgets.get(entry.policy.identity()))
+        .and(cfg.budgets.get(position))
         .map(|b| budget_scope_to_wire(b.scope(), b.stale()));
     Ok(pb::GetPolicyResponse {
         policy: Some(policy_ref(cfg, entry)),

@@ -2,7 +2,8 @@
 //! loaded configuration and carried over when a reload leaves a policy's budget as it
 //! was, so a reload in the middle of a storm does not forget the retries already booked.
 //! Every scheduler books only this sidecar's share of the slots ([`FleetShare`]), read
-//! from memory under the scheduler's lock on each booking.
+//! from memory under the scheduler's lock on each booking. A request finds its policy's
+//! scheduler by table position; only budgeted policies cost memory.
 
 use std::{
     collections::HashMap,
@@ -11,7 +12,7 @@ use std::{
 
 use prometheus_client::metrics::{counter::Counter, histogram::Histogram};
 use rebound_policy::{
-    CompiledDocument, Decision, ResolvedPolicy,
+    Decision, PolicyTable, ResolvedPolicy,
     resolve::RetryBudget,
     retry_budget::{Ask, Budgeted, Scheduler},
 };
@@ -24,16 +25,24 @@ use crate::{
 /// One budgeted policy's scheduler and its metric handles.
 #[derive(Debug)]
 pub struct PolicyBudget {
+    /// `namespace/name`: what a reload carries the scheduler over by.
+    identity: Box<str>,
     scheduler: Mutex<Scheduler>,
     series: BudgetSeries,
     fleet: Arc<FleetShare>,
 }
 
 impl PolicyBudget {
-    fn new(budget: RetryBudget, series: BudgetSeries, fleet: Arc<FleetShare>) -> Self {
+    fn new(
+        identity: &str,
+        budget: RetryBudget,
+        series: BudgetSeries,
+        fleet: Arc<FleetShare>,
+    ) -> Self {
         let mut scheduler = Scheduler::new(budget);
         scheduler.set_share(fleet.share());
         Self {
+            identity: identity.into(),
             scheduler: Mutex::new(scheduler),
             series,
             fleet,
@@ -92,55 +101,55 @@ impl PolicyBudget {
     }
 }
 
-/// The schedulers of one configuration, by policy identity (`namespace/name`).
+/// The schedulers of one table's budgeted policies, by entry position.
 #[derive(Debug, Default)]
 pub struct Budgets {
-    by_identity: HashMap<String, Arc<PolicyBudget>>,
+    /// Sorted by position.
+    by_position: Box<[(usize, Arc<PolicyBudget>)]>,
 }
 
 impl Budgets {
-    /// Schedulers for the budgeted policies of `doc`: a policy whose budget is unchanged
+    /// Schedulers for the budgeted policies of `table`: a policy whose budget is unchanged
     /// from `previous` keeps its scheduler (bookings and memo); a new or changed budget
     /// starts empty. Metric series of policies that lost their budget are removed.
-    pub fn build(doc: &CompiledDocument, previous: Option<&Budgets>, metrics: &Metrics) -> Self {
-        let mut by_identity = HashMap::new();
-        for p in &doc.policies {
-            let Some(budget) = p.params.retry_budget else {
-                continue;
-            };
-            let identity = p.identity();
-            let kept = previous
-                .and_then(|prev| prev.by_identity.get(&identity))
-                .filter(|b| b.budget() == budget)
-                .cloned();
-            let entry = kept.unwrap_or_else(|| {
-                Arc::new(PolicyBudget::new(
-                    budget,
-                    metrics.budget_series(&identity),
-                    Arc::clone(metrics.fleet()),
-                ))
-            });
-            by_identity.insert(identity, entry);
+    pub fn build(table: &PolicyTable, previous: Option<&Budgets>, metrics: &Metrics) -> Self {
+        let mut before: HashMap<&str, &Arc<PolicyBudget>> = previous
+            .map(|p| {
+                p.by_position
+                    .iter()
+                    .map(|(_, b)| (&*b.identity, b))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let by_position = budgeted(table)
+            .map(|(position, identity, budget)| {
+                let kept = before
+                    .remove(identity)
+                    .filter(|b| b.budget() == budget)
+                    .cloned();
+                let entry = kept.unwrap_or_else(|| {
+                    Arc::new(PolicyBudget::new(
+                        identity,
+                        budget,
+                        metrics.budget_series(identity),
+                        Arc::clone(metrics.fleet()),
+                    ))
+                });
+                (position, entry)
+            })
+            .collect();
+        for identity in before.keys() {
+            metrics.remove_budget_series(identity);
         }
-        if let Some(prev) = previous {
-            for identity in prev.by_identity.keys() {
-                if !by_identity.contains_key(identity) {
-                    metrics.remove_budget_series(identity);
-                }
-            }
-        }
-        Self { by_identity }
+        Self { by_position }
     }
 
     /// Schedulers with metric handles registered nowhere: for answering without a store
     /// (unit tests, the fuzz target).
-    pub fn detached(doc: &CompiledDocument) -> Self {
+    pub fn detached(table: &PolicyTable) -> Self {
         let fleet = Arc::new(FleetShare::default());
-        let by_identity = doc
-            .policies
-            .iter()
-            .filter_map(|p| {
-                let budget = p.params.retry_budget?;
+        let by_position = budgeted(table)
+            .map(|(position, identity, budget)| {
                 let series = BudgetSeries {
                     admitted: Counter::default(),
                     stretched: Counter::default(),
@@ -148,35 +157,53 @@ impl Budgets {
                     repeats: Counter::default(),
                     added_delay: Histogram::new([0.0]),
                 };
-                let budget = PolicyBudget::new(budget, series, Arc::clone(&fleet));
-                Some((p.identity(), Arc::new(budget)))
+                let budget = PolicyBudget::new(identity, budget, series, Arc::clone(&fleet));
+                (position, Arc::new(budget))
             })
             .collect();
-        Self { by_identity }
+        Self { by_position }
     }
 
-    pub fn get(&self, identity: &str) -> Option<&PolicyBudget> {
-        self.by_identity.get(identity).map(Arc::as_ref)
+    /// The scheduler of the policy at `position` in the table built from, if budgeted.
+    pub fn get(&self, position: usize) -> Option<&PolicyBudget> {
+        let i = self
+            .by_position
+            .binary_search_by_key(&position, |(p, _)| *p)
+            .ok()?;
+        self.by_position.get(i).map(|(_, b)| b.as_ref())
+    }
+
+    fn by_identity(&self, identity: &str) -> Option<&Arc<PolicyBudget>> {
+        self.by_position
+            .iter()
+            .map(|(_, b)| b)
+            .find(|b| &*b.identity == identity)
     }
 
     /// Whether `identity`'s scheduler is the very one in `other` (kept across a reload).
     pub fn shares_with(&self, other: &Budgets, identity: &str) -> bool {
-        match (
-            self.by_identity.get(identity),
-            other.by_identity.get(identity),
-        ) {
+        match (self.by_identity(identity), other.by_identity(identity)) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.by_identity.len()
+        self.by_position.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_identity.is_empty()
+        self.by_position.is_empty()
     }
+}
+
+/// `table`'s budgeted policies: position, identity and budget, in position order. The
+/// stable revision's budget paces the queue also while a change rolls out.
+fn budgeted(table: &PolicyTable) -> impl Iterator<Item = (usize, &str, RetryBudget)> {
+    table.entries().iter().enumerate().filter_map(|(i, e)| {
+        let budget = e.policy.params().retry_budget?;
+        Some((i, e.policy.identity(), budget))
+    })
 }
 
 #[cfg(test)]
@@ -198,12 +225,13 @@ mod tests {
         let metrics = Metrics::default();
         let share = SlotShare::new(1, 3).unwrap();
         metrics.fleet().set(BudgetScope::Fleet(share));
-        let budgets = Budgets::build(&doc, None, &metrics);
-        let policy = &doc.policies[0];
-        let budget = budgets.get(&policy.identity()).unwrap();
+        let resolved = doc.policies[0].params.clone();
+        let table = PolicyTable::from_document(doc);
+        let budgets = Budgets::build(&table, None, &metrics);
+        let budget = budgets.get(0).unwrap();
         assert_eq!(budget.scope(), BudgetScope::Fleet(share));
 
-        let resolved = &policy.params;
+        let resolved = &resolved;
         let slot_of = |now: u64, delay: u64| (now + delay) / 100;
         let mut slots = Vec::new();
         for job in 0..6 {

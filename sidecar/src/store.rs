@@ -16,7 +16,7 @@ use std::{
 
 use arc_swap::{ArcSwapOption, Guard};
 use rebound_policy::{
-    CompiledDocument, PolicySource, compile,
+    CompiledDocument, PolicySource, PolicyTable, compile,
     compiled::DocumentError,
     manifest::{self, ManifestDocument},
 };
@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::{
     answer::Snapshot,
-    metrics::{ConfigState, ConfigView, Decisions, Metrics},
+    metrics::{ConfigState, ConfigView, Metrics},
     retry_budgets::Budgets,
 };
 
@@ -46,16 +46,10 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn new(
-        doc: CompiledDocument,
-        origin: String,
-        sequence: u64,
-        budgets: Budgets,
-        decisions: Decisions,
-    ) -> Self {
+    pub fn new(snapshot: Snapshot, origin: String, sequence: u64) -> Self {
         Self {
-            policies: doc.policies.len(),
-            snapshot: Snapshot::with_series(doc, budgets, decisions),
+            policies: snapshot.table.len(),
+            snapshot,
             origin,
             sequence,
             loaded_at: SystemTime::now(),
@@ -329,20 +323,18 @@ impl Store {
             return false;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        // Budgets and decision series carry over from the configuration being replaced.
+        let namespace = doc.namespace.clone();
+        let table = PolicyTable::from_document(doc);
+        // Budgets carry over from the configuration being replaced; decision series are
+        // handed over once it is retired.
         let budgets = Budgets::build(
-            &doc,
+            &table,
             self.current.load().as_deref().map(|c| &c.snapshot.budgets),
             &self.metrics,
         );
-        let decisions = self.metrics.decisions().build(&doc);
-        let loaded = Arc::new(Loaded::new(
-            doc,
-            origin.to_owned(),
-            sequence,
-            budgets,
-            decisions,
-        ));
+        let decisions = self.metrics.decisions().build(&table);
+        let snapshot = Snapshot::with_series(namespace, table, budgets, decisions);
+        let loaded = Arc::new(Loaded::new(snapshot, origin.to_owned(), sequence));
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();
         self.metrics.reloaded(took);
@@ -364,9 +356,10 @@ impl Store {
         self.loaded.send_replace(true);
         if let Some(old) = old {
             let old = drop_off_request_path(old);
+            let new = &loaded.snapshot;
             self.metrics
                 .decisions()
-                .retire(&old.snapshot.decisions, &loaded.snapshot.decisions);
+                .retire(&old.snapshot.decisions, &new.decisions, &new.table);
         }
         true
     }
@@ -455,5 +448,53 @@ mod tests {
         let current = store.current().expect("kept");
         assert_eq!((current.sequence, current.hash()), (1, doc.hash.as_str()));
         assert!(*store.subscribe().borrow());
+    }
+
+    /// A policy per name, each answering queue `q<name>`.
+    fn policies(names: &[&str]) -> CompiledDocument {
+        let text = names
+            .iter()
+            .map(|n| {
+                YAML.replace("name: a", &format!("name: {n}"))
+                    .replace("[q]", &format!("[q{n}]"))
+            })
+            .collect::<Vec<_>>()
+            .join("---\n");
+        compile_manifests(&[(PathBuf::from("p.yaml"), text)], "ns").expect("compiles")
+    }
+
+    /// The `decisions_total` series' policies.
+    fn series_policies(store: &Store) -> Vec<String> {
+        let samples =
+            rebound_test_support::metrics::Samples::parse(&store.render_metrics()).expect("parsed");
+        let mut policies: Vec<String> = samples
+            .matching("rebound_sidecar_decisions_total", &[])
+            .filter_map(|s| s.labels.get("policy").cloned())
+            .collect();
+        policies.sort();
+        policies
+    }
+
+    #[test]
+    fn a_series_kept_through_a_reload_without_decisions_goes_with_its_policy() {
+        let store = Store::new(Arc::new(Metrics::default()));
+        let decide = |queue: &str| {
+            let current = store.current().expect("loaded");
+            let req = crate::pb::server::DecideRequest {
+                queue: queue.to_owned().into(),
+                attempt: 1,
+                ..Default::default()
+            };
+            crate::answer::decide_one(&current.snapshot, &req, 0).expect("answered");
+        };
+        assert!(store.install(policies(&["a", "b"]), "t", Instant::now()));
+        decide("qa");
+        decide("qb");
+        // `a` stays and decides nothing while this one is loaded.
+        assert!(store.install(policies(&["a", "b", "c"]), "t", Instant::now()));
+        decide("qb");
+        assert_eq!(series_policies(&store), ["ns/a", "ns/b"]);
+        assert!(store.install(policies(&["b"]), "t", Instant::now()));
+        assert_eq!(series_policies(&store), ["ns/b"]);
     }
 }

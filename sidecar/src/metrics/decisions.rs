@@ -1,23 +1,24 @@
 //! `decisions_total{policy, outcome, disposition, reason}` and the retry-delay histogram.
 //!
-//! Each loaded configuration gets one [`PolicyDecisions`] per policy holding the counter
-//! handles of its label sets, at the policy's position in the document (the table's
-//! entry order), so counting a decision is an index and one atomic add: no hash of the
-//! identity per call, and a label set is built once per policy and reason, on the first
-//! such decision. Series are created on first use rather than at
-//! load: a namespace of 10,000 policies would otherwise scrape as 40,000 zeros. A reload
-//! keeps the series of the policies it keeps (same label set, same counter) and removes
-//! those of the policies it drops or whose disposition changed, so the series stay bounded
-//! by the policies loaded (at most six each).
+//! Each loaded table gets one slot per policy, at the policy's entry position, filled on
+//! the policy's first decision with its label text and counter handles: counting a
+//! decision is an index and one atomic add (no hash of the identity per call), and a
+//! table of 10,000 policies costs one pointer each until they decide. Series are created
+//! on first use rather than at load: a namespace of 10,000 policies would otherwise scrape
+//! as 40,000 zeros. A reload keeps the series of the policies it keeps (same label set,
+//! same counter) and removes those of the policies it drops or whose disposition changed,
+//! so the series stay bounded by the policies loaded (at most six each).
 
-use std::{collections::HashMap, sync::Arc, sync::OnceLock};
+use std::{collections::HashMap, sync::OnceLock};
+
+use once_cell::race::OnceBox;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
     registry::Registry,
 };
-use rebound_policy::{CompiledDocument, Disposition};
+use rebound_policy::{Disposition, PolicyTable, compiled::TableEntry};
 
 use super::LabelText;
 
@@ -121,39 +122,43 @@ impl DecisionFamily {
         f
     }
 
-    /// The handles of `doc`'s policies; a policy kept from the configuration before
-    /// finds its series (same label set) and keeps counting.
-    pub fn build(&self, doc: &CompiledDocument) -> Decisions {
-        let policies: Box<[PolicyDecisions]> = doc
-            .policies
-            .iter()
-            .map(|p| PolicyDecisions {
-                policy: LabelText(p.identity().into()),
-                disposition: disposition(&p.params.terminal),
-                counters: Default::default(),
-            })
-            .collect();
-        let by_identity = policies
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (Arc::clone(&p.policy.0), i))
-            .collect();
+    /// Empty slots for `table`'s policies, one allocation in all.
+    pub fn build(&self, table: &PolicyTable) -> Decisions {
         Decisions {
-            policies,
-            by_identity,
+            policies: (0..table.len()).map(|_| OnceBox::new()).collect(),
             family: self.clone(),
         }
     }
 
-    /// Removes the series of `old` whose policy `new` does not have, or has with another
-    /// disposition. Called once requests have let go of `old`: one still answering from it
-    /// could otherwise create a removed series again.
-    pub fn retire(&self, old: &Decisions, new: &Decisions) {
-        for policy in &old.policies {
-            let kept = new.get(&policy.policy.0);
-            if kept.is_some_and(|k| k.disposition == policy.disposition) {
-                continue;
+    /// Hands `old`'s series over to `new` (built from `table`): a policy `table` keeps,
+    /// with the same disposition, passes its counter handles on, so the reload that drops
+    /// it later still finds them; the series of the others are removed. Called once
+    /// requests have let go of `old`: one still answering from it could otherwise create a
+    /// removed series again.
+    pub fn retire(&self, old: &Decisions, new: &Decisions, table: &PolicyTable) {
+        // Only the policies that decided: usually few, and none costs a lookup otherwise.
+        let mut counted: HashMap<&str, &PolicyDecisions> = old
+            .policies
+            .iter()
+            .filter_map(OnceBox::get)
+            .map(|p| (&*p.policy.0, p))
+            .collect();
+        if counted.is_empty() {
+            return;
+        }
+        for (position, entry) in table.entries().iter().enumerate() {
+            let identity = entry.policy.identity();
+            if let Some(&policy) = counted.get(identity)
+                && policy.disposition == disposition_of(entry)
+            {
+                counted.remove(identity);
+                if let Some(slot) = new.policies.get(position) {
+                    slot.get_or_init(|| Box::new(PolicyDecisions::of(entry)))
+                        .take_over(policy);
+                }
             }
+        }
+        for policy in counted.into_values() {
             for reason in Reason::ALL {
                 if policy.counters[reason.index()].get().is_some() {
                     self.counters.remove(&policy.labels(reason));
@@ -163,15 +168,37 @@ impl DecisionFamily {
     }
 }
 
+/// The `disposition` label of `entry`'s give-ups (its stable revision's, as in rollout).
+fn disposition_of(entry: &TableEntry) -> &'static str {
+    disposition(&entry.policy.params().terminal)
+}
+
 /// One policy's decision counters, each made on the policy's first decision of its kind.
 #[derive(Debug)]
-pub struct PolicyDecisions {
+struct PolicyDecisions {
     policy: LabelText,
     disposition: &'static str,
     counters: [OnceLock<Counter>; 6],
 }
 
 impl PolicyDecisions {
+    fn of(entry: &TableEntry) -> Self {
+        Self {
+            policy: LabelText(entry.policy.identity().into()),
+            disposition: disposition_of(entry),
+            counters: Default::default(),
+        }
+    }
+
+    /// Takes the handles `old` (the same policy in the table before) made.
+    fn take_over(&self, old: &PolicyDecisions) {
+        for (mine, theirs) in self.counters.iter().zip(&old.counters) {
+            if let Some(counter) = theirs.get() {
+                mine.get_or_init(|| counter.clone());
+            }
+        }
+    }
+
     fn labels(&self, reason: Reason) -> DecisionLabels {
         let (outcome, disposition) = if reason.is_retry() {
             ("retry", "none")
@@ -187,22 +214,21 @@ impl PolicyDecisions {
     }
 }
 
-/// The decision handles of one configuration, in the document's policy order.
+/// The decision handles of one table, by entry position.
 #[derive(Debug)]
 pub struct Decisions {
-    policies: Box<[PolicyDecisions]>,
-    /// Positions by identity (`namespace/name`), for a reload to find the series it keeps.
-    by_identity: HashMap<Arc<str>, usize>,
+    /// Filled on the policy's first decision.
+    policies: Box<[OnceBox<PolicyDecisions>]>,
     family: DecisionFamily,
 }
 
 impl Decisions {
-    /// Handles registered nowhere, for `doc`'s policies.
-    pub fn detached(doc: &CompiledDocument) -> Self {
-        DecisionFamily::detached().build(doc)
+    /// Handles registered nowhere, for `table`'s policies.
+    pub fn detached(table: &PolicyTable) -> Self {
+        DecisionFamily::detached().build(table)
     }
 
-    /// Policies counted: those of the document built from.
+    /// Policies counted: those of the table built from.
     pub fn len(&self) -> usize {
         self.policies.len()
     }
@@ -211,15 +237,11 @@ impl Decisions {
         self.policies.is_empty()
     }
 
-    fn get(&self, identity: &str) -> Option<&PolicyDecisions> {
-        let &i = self.by_identity.get(identity)?;
-        self.policies.get(i)
-    }
-
-    /// Counts one decision of the policy at `position` in the document (its table entry's
-    /// position); `delay_ms` is the retry delay answered.
-    pub fn count(&self, position: usize, reason: Reason, delay_ms: u64) {
-        if let Some(policy) = self.policies.get(position) {
+    /// Counts one decision of `entry`, the policy at `position` in the table built from;
+    /// `delay_ms` is the retry delay answered.
+    pub fn count(&self, position: usize, entry: &TableEntry, reason: Reason, delay_ms: u64) {
+        if let Some(slot) = self.policies.get(position) {
+            let policy = slot.get_or_init(|| Box::new(PolicyDecisions::of(entry)));
             policy.counters[reason.index()]
                 .get_or_init(|| {
                     self.family

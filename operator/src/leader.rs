@@ -228,8 +228,10 @@ fn read_lease(
 }
 
 /// Keeps `confirmed` true while `read` shows a renewal by this replica less than
-/// `deadline` old, read every `every`. A read that fails (or hangs past `every`)
-/// confirms nothing new: the last renewal seen ages until the deadline passes.
+/// `deadline` old. The age is checked every `every` while a read is under way: a read
+/// may take as long as the API server needs under a burst of writes (seconds; cut short
+/// at `deadline`) without the term ending while renewals go on, and a read that fails or
+/// hangs confirms nothing new, so the last renewal seen ages until the deadline passes.
 async fn confirm(
     read: impl Fn() -> BoxFuture<'static, Seen> + Send,
     every: Duration,
@@ -237,12 +239,27 @@ async fn confirm(
     confirmed: watch::Sender<bool>,
 ) {
     let mut renewed: Option<Timestamp> = None;
+    let mut reading: Option<BoxFuture<'static, Result<Seen, tokio::time::error::Elapsed>>> = None;
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
-        if let Ok(Some(seen)) = tokio::time::timeout(every, read()).await {
-            renewed = seen;
+        tokio::select! {
+            _ = ticks.tick() => {
+                if reading.is_none() {
+                    reading = Some(Box::pin(tokio::time::timeout(deadline, read())));
+                }
+            }
+            answer = async {
+                match reading.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                reading = None;
+                if let Ok(Some(seen)) = answer {
+                    renewed = seen;
+                }
+            }
         }
         let held = renewed.is_some_and(|t| held_within(t, Timestamp::now(), deadline));
         confirmed.send_if_modified(|c| std::mem::replace(c, held) != held);

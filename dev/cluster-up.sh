@@ -18,6 +18,9 @@
 # Environment:
 #   REBOUND_CONTROLPLANE_BIN  dir with kube-apiserver and etcd (default: the
 #                             dev/build-control-plane.sh cache; built if missing)
+#   REBOUND_APISERVER_PROFILING  true serves /debug/pprof on the API server (admin
+#                             client certificate), e.g. to see where a benchmark's
+#                             requests spend its CPU (default false)
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/usage.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/usage.sh"

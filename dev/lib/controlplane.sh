@@ -308,7 +308,7 @@ cp_start_apiserver() {
       --service-account-signing-key-file="$pki/sa.key" \
       --service-cluster-ip-range=10.0.0.0/24 \
       --allow-privileged=true \
-      --profiling=false \
+      --profiling="${REBOUND_APISERVER_PROFILING:-false}" \
       </dev/null >>"$state/logs/kube-apiserver.log" 2>&1 8>&- || true
     cp_wait_exec "$(cat "$state/kube-apiserver.pid" 2>/dev/null)" kube-apiserver || true
     if cp_wait_apiserver "$state"; then

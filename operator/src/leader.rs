@@ -84,9 +84,12 @@ pub async fn run(
     let deadline = renew_deadline(flags.lease_duration, flags.lease_grace);
     let (confirmed_tx, mut confirmed) = watch::channel(false);
     let confirming = tokio::spawn(confirm(
-        Api::namespaced(client.clone(), &namespace),
-        flags.lease_name.clone(),
-        identity.clone(),
+        read_lease(
+            Api::namespaced(client.clone(), &namespace),
+            flags.lease_name.clone(),
+            identity.clone(),
+        ),
+        CONFIRM_EVERY,
         deadline,
         confirmed_tx,
     ));
@@ -201,28 +204,62 @@ pub fn renew_deadline(duration_s: u64, grace_s: u64) -> Duration {
 /// How often the Lease is read to confirm the leadership.
 const CONFIRM_EVERY: Duration = Duration::from_millis(500);
 
-/// Keeps `confirmed` true while the Lease names `identity` as holder with a renewal less
-/// than `deadline` old. A read that fails (or hangs past [`CONFIRM_EVERY`]) confirms
-/// nothing new: the last renewal seen ages until the deadline passes.
-async fn confirm(
+/// What one read of the Lease says: `Some(Some(t))` held by this replica, last renewed at
+/// `t`; `Some(None)` not held by it; `None` the read failed.
+type Seen = Option<Option<Timestamp>>;
+
+/// Reads the Lease `name` as [`Seen`] by `identity`.
+fn read_lease(
     api: Api<Lease>,
     name: String,
     identity: String,
+) -> impl Fn() -> BoxFuture<'static, Seen> + Send {
+    move || {
+        let (api, name, identity) = (api.clone(), name.clone(), identity.clone());
+        Box::pin(async move {
+            let spec = api.get_opt(&name).await.ok()?.and_then(|l| l.spec);
+            let holder = spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+            Some(match holder {
+                Some(h) if h == identity => spec.and_then(|s| s.renew_time).map(|t| t.0),
+                _ => None,
+            })
+        })
+    }
+}
+
+/// Keeps `confirmed` true while `read` shows a renewal by this replica less than
+/// `deadline` old. The age is checked every `every` while a read is under way: a read
+/// may take as long as the API server needs under a burst of writes (seconds; cut short
+/// at `deadline`) without the term ending while renewals go on, and a read that fails or
+/// hangs confirms nothing new, so the last renewal seen ages until the deadline passes.
+async fn confirm(
+    read: impl Fn() -> BoxFuture<'static, Seen> + Send,
+    every: Duration,
     deadline: Duration,
     confirmed: watch::Sender<bool>,
 ) {
     let mut renewed: Option<Timestamp> = None;
-    let mut every = tokio::time::interval(CONFIRM_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reading: Option<BoxFuture<'static, Result<Seen, tokio::time::error::Elapsed>>> = None;
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        every.tick().await;
-        if let Ok(Ok(lease)) = tokio::time::timeout(CONFIRM_EVERY, api.get_opt(&name)).await {
-            let spec = lease.and_then(|l| l.spec);
-            let holder = spec.as_ref().and_then(|s| s.holder_identity.as_deref());
-            renewed = match holder {
-                Some(h) if h == identity => spec.and_then(|s| s.renew_time).map(|t| t.0),
-                _ => None,
-            };
+        tokio::select! {
+            _ = ticks.tick() => {
+                if reading.is_none() {
+                    reading = Some(Box::pin(tokio::time::timeout(deadline, read())));
+                }
+            }
+            answer = async {
+                match reading.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                reading = None;
+                if let Ok(Some(seen)) = answer {
+                    renewed = seen;
+                }
+            }
         }
         let held = renewed.is_some_and(|t| held_within(t, Timestamp::now(), deadline));
         confirmed.send_if_modified(|c| std::mem::replace(c, held) != held);
@@ -250,5 +287,56 @@ mod tests {
         let later = |ms: i64| Timestamp::from_millisecond(t.as_millisecond() + ms).unwrap_or(t);
         assert!(held_within(t, later(12_499), d));
         assert!(!held_within(t, later(12_500), d));
+    }
+
+    /// Waits (at most 30 s) until `confirmed` is `value`.
+    async fn until(confirmed: &mut watch::Receiver<bool>, value: bool) -> bool {
+        let wait = confirmed.wait_for(|c| *c == value);
+        matches!(
+            tokio::time::timeout(Duration::from_secs(30), wait).await,
+            Ok(Ok(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_renewal_read_slowly_still_confirms_the_leader() {
+        // Each read answers five periods late (an API server busy with a burst of
+        // writes), showing the renewal made when it was sent.
+        let every = Duration::from_millis(10);
+        let read = move || -> BoxFuture<'static, Seen> {
+            let renewed = Timestamp::now();
+            Box::pin(async move {
+                tokio::time::sleep(every * 5).await;
+                Some(Some(renewed))
+            })
+        };
+        let (tx, mut rx) = watch::channel(false);
+        let task = tokio::spawn(confirm(read, every, Duration::from_secs(5), tx));
+        let confirmed = until(&mut rx, true).await;
+        task.abort();
+        assert!(confirmed);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_hangs_ends_the_term_at_the_deadline() {
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let read = move || -> BoxFuture<'static, Seen> {
+            let first = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            let renewed = Timestamp::now();
+            Box::pin(async move {
+                if !first {
+                    std::future::pending::<()>().await;
+                }
+                Some(Some(renewed))
+            })
+        };
+        let (tx, mut rx) = watch::channel(false);
+        let every = Duration::from_millis(10);
+        let task = tokio::spawn(confirm(read, every, Duration::from_millis(300), tx));
+        let led = until(&mut rx, true).await;
+        let stopped = until(&mut rx, false).await;
+        task.abort();
+        assert!(led && stopped);
     }
 }

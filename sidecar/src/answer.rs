@@ -19,14 +19,12 @@ use crate::{
     rollout_evidence::{Answered, RolloutEvidence},
 };
 
-/// What answering needs from a configuration: the queue table and the names answers
-/// report. Where it came from and when it was loaded is `config`'s business.
+/// What answering needs from a configuration: the queue table (which names its namespace
+/// and content hash) and the series kept per policy. Where it came from and when it was
+/// loaded is `config`'s business.
 #[derive(Debug)]
 pub struct Snapshot {
     pub table: PolicyTable,
-    pub namespace: String,
-    /// The document's content hash, `sha256:<hex>`.
-    pub hash: String,
     /// Retry-budget schedulers of the budgeted policies.
     pub budgets: Budgets,
     /// Each policy's decision counters, in the document's order (the table's).
@@ -37,17 +35,15 @@ impl Snapshot {
     /// With fresh schedulers and counters whose metrics are registered nowhere.
     pub fn new(doc: &CompiledDocument) -> Self {
         Self::with_series(
-            doc.clone(),
+            PolicyTable::new(doc),
             Budgets::detached(doc),
             Decisions::detached(doc),
         )
     }
 
-    /// Takes the document: the table is built from its parts without copying them.
-    /// `decisions` must be built from `doc`: they are found by the table entry's position.
-    pub fn with_series(doc: CompiledDocument, budgets: Budgets, decisions: Decisions) -> Self {
-        let (namespace, hash) = (doc.namespace.clone(), doc.hash.clone());
-        let table = PolicyTable::from_document(doc);
+    /// `decisions` must be built from the table's policies: they are found by the table
+    /// entry's position.
+    pub fn with_series(table: PolicyTable, budgets: Budgets, decisions: Decisions) -> Self {
         debug_assert_eq!(
             decisions.len(),
             table.len(),
@@ -55,11 +51,18 @@ impl Snapshot {
         );
         Self {
             table,
-            namespace,
-            hash,
             budgets,
             decisions,
         }
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.table.namespace()
+    }
+
+    /// The document's content hash, `sha256:<hex>`.
+    pub fn hash(&self) -> &str {
+        self.table.hash()
     }
 }
 
@@ -257,13 +260,14 @@ fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<Found<'a>, RequestError>
             return RequestError::NotFound(format!(
                 "namespace {:?} has no RetryPolicies (configuration {} is empty), so none \
                  governs queue {queue:?}",
-                cfg.namespace, cfg.hash
+                cfg.namespace(),
+                cfg.hash()
             ));
         }
         RequestError::NotFound(format!(
             "no RetryPolicy in namespace {:?} governs queue {queue:?}, and there is no \
              catch-all \"*\" policy",
-            cfg.namespace
+            cfg.namespace()
         ))
     })
 }
@@ -273,7 +277,7 @@ fn policy_ref(cfg: &Snapshot, entry: &TableEntry) -> pb::PolicyRef {
         name: entry.name().to_owned(),
         namespace: entry.namespace().to_owned(),
         generation: entry.generation,
-        config_hash: cfg.hash.clone(),
+        config_hash: cfg.hash().to_owned(),
     }
 }
 
@@ -710,7 +714,7 @@ mod tests {
         assert_eq!(outcome, Reason::Backoff);
         let policy = r.policy.expect("policy");
         assert_eq!((policy.name.as_str(), policy.generation), ("p", 4));
-        assert_eq!(policy.config_hash, cfg.hash);
+        assert_eq!(policy.config_hash, cfg.hash());
         assert_eq!(r.revision, "", "not in rollout: no revision");
         let got = get_policy(&cfg, &wire::GetPolicyRequest { queue: "q".into() }).expect("policy");
         assert_eq!(got.rollout, None);

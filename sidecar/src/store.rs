@@ -16,7 +16,7 @@ use std::{
 
 use arc_swap::{ArcSwapOption, Guard};
 use rebound_policy::{
-    CompiledDocument, PolicySource, compile,
+    CompiledDocument, CompiledPolicy, PolicySource, PolicyTable, ResolvedPolicy, compile,
     compiled::DocumentError,
     manifest::{self, ManifestDocument},
 };
@@ -47,15 +47,15 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn new(
-        doc: CompiledDocument,
+        table: PolicyTable,
         origin: String,
         sequence: u64,
         budgets: Budgets,
         decisions: Decisions,
     ) -> Self {
         Self {
-            policies: doc.policies.len(),
-            snapshot: Snapshot::with_series(doc, budgets, decisions),
+            policies: table.len(),
+            snapshot: Snapshot::with_series(table, budgets, decisions),
             origin,
             sequence,
             loaded_at: SystemTime::now(),
@@ -63,11 +63,11 @@ impl Loaded {
     }
 
     pub fn hash(&self) -> &str {
-        &self.snapshot.hash
+        self.snapshot.table.hash()
     }
 
     pub fn namespace(&self) -> &str {
-        &self.snapshot.namespace
+        self.snapshot.table.namespace()
     }
 
     /// What metrics report about it.
@@ -195,9 +195,10 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// Parses a compiled document (format, hash and every policy checked by the policy crate).
-pub fn parse_compiled(bytes: &[u8], origin: &str) -> Result<CompiledDocument, LoadError> {
-    CompiledDocument::from_json(bytes).map_err(|source| LoadError::Document {
+/// Parses a compiled document straight into the table requests are answered from (format,
+/// hash and every policy checked by the policy crate).
+pub fn parse_compiled(bytes: &[u8], origin: &str) -> Result<PolicyTable, LoadError> {
+    PolicyTable::from_json(bytes).map_err(|source| LoadError::Document {
         origin: origin.to_owned(),
         source,
     })
@@ -316,28 +317,31 @@ impl Store {
         self.loaded.subscribe()
     }
 
-    /// Indexes a checked document and makes it current. `started` is when the reload began
-    /// (read + parse), for the reload-duration metric. Returns `false` when the document is
-    /// the one already loaded.
-    pub fn install(&self, doc: CompiledDocument, origin: &str, started: Instant) -> bool {
+    /// Makes a checked table (or a document, indexed here) current. `started` is when the
+    /// reload began (read + parse), for the reload-duration metric. Returns `false` when
+    /// the table is the one already loaded.
+    pub fn install(&self, table: impl Into<PolicyTable>, origin: &str, started: Instant) -> bool {
+        let table = table.into();
         self.stale.store(false, Ordering::Relaxed);
         if let Some(current) = self.current.load().as_ref()
-            && current.hash() == doc.hash
-            && current.namespace() == doc.namespace
+            && current.hash() == table.hash()
+            && current.namespace() == table.namespace()
         {
-            tracing::debug!(hash = %doc.hash, origin, "configuration unchanged");
+            tracing::debug!(hash = %table.hash(), origin, "configuration unchanged");
             return false;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
         // Budgets and decision series carry over from the configuration being replaced.
+        let series = series_input(&table);
         let budgets = Budgets::build(
-            &doc,
+            &series,
             self.current.load().as_deref().map(|c| &c.snapshot.budgets),
             &self.metrics,
         );
-        let decisions = self.metrics.decisions().build(&doc);
+        let decisions = self.metrics.decisions().build(&series);
+        drop(series);
         let loaded = Arc::new(Loaded::new(
-            doc,
+            table,
             origin.to_owned(),
             sequence,
             budgets,
@@ -390,6 +394,42 @@ impl Store {
                 "configuration rejected; no valid configuration yet"
             ),
         }
+    }
+}
+
+/// What the series builders read today: each policy's identity, terminal disposition and
+/// retry budget, as a document without queues or other parameters.
+///
+/// The seam with the series: once `Budgets::build` and `DecisionFamily::build` take
+/// `&PolicyTable` (they only read `entries()`' identity, `params.terminal` and
+/// `params.retry_budget`), this function goes and `install` passes the table itself.
+fn series_input(table: &PolicyTable) -> CompiledDocument {
+    let policies = table
+        .entries()
+        .iter()
+        .map(|e| {
+            let p = e.policy.params();
+            CompiledPolicy {
+                name: e.name().to_owned(),
+                namespace: e.namespace().to_owned(),
+                uid: String::new(),
+                generation: e.generation,
+                queues: Vec::new(),
+                params: ResolvedPolicy {
+                    schedule_ms: Vec::new(),
+                    non_retryable_errors: Vec::new(),
+                    terminal: p.terminal.clone(),
+                    ..*p
+                },
+                rollout: None,
+            }
+        })
+        .collect();
+    CompiledDocument {
+        format: String::new(),
+        namespace: table.namespace().to_owned(),
+        hash: table.hash().to_owned(),
+        policies,
     }
 }
 

@@ -367,12 +367,15 @@ impl PolicyTable {
         Self::assemble(doc.namespace, doc.hash, entries, indexes)
     }
 
+    /// `entries` may have grown by doubling while a document was read; shrinking gives
+    /// the spare capacity back (in place for a block this large).
     pub(super) fn assemble(
         namespace: String,
         hash: String,
-        entries: Vec<TableEntry>,
+        mut entries: Vec<TableEntry>,
         indexes: Indexes,
     ) -> Self {
+        entries.shrink_to_fit();
         Self {
             namespace,
             hash,

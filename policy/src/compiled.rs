@@ -3,6 +3,7 @@
 //! back with [`CompiledDocument::from_json`] and looks queues up in a [`PolicyTable`].
 //! See `docs/compiled-format.md`.
 
+mod read;
 mod rollout;
 mod table;
 
@@ -14,6 +15,7 @@ use crate::{
     digest::sha256_id,
     pattern,
     resolve::{FieldError, ResolvedPolicy, resolve},
+    rollout::assign::Exposure,
     spec::RetryPolicySpec,
 };
 
@@ -69,12 +71,17 @@ impl CompiledPolicy {
     /// The identity that seeds deterministic jitter: `namespace/name`. Built by hand, not
     /// with `format!`: a reload of 10,000 policies makes it three times per policy.
     pub fn identity(&self) -> String {
-        let mut identity = String::with_capacity(self.namespace.len() + 1 + self.name.len());
-        identity.push_str(&self.namespace);
-        identity.push('/');
-        identity.push_str(&self.name);
-        identity
+        identity(&self.namespace, &self.name)
     }
+}
+
+/// `namespace/name`, sized once.
+fn identity(namespace: &str, name: &str) -> String {
+    let mut identity = String::with_capacity(namespace.len() + 1 + name.len());
+    identity.push_str(namespace);
+    identity.push('/');
+    identity.push_str(name);
+    identity
 }
 
 /// A compiled document that cannot be used; the sidecar keeps its last good one.
@@ -114,40 +121,16 @@ impl CompiledDocument {
     /// input, so parsing and re-encoding (floats included) can never disagree with the
     /// writer, and no second serialisation is paid for on every reload.
     pub fn from_json(bytes: &[u8]) -> Result<Self, DocumentError> {
-        let raw: RawDocument<'_> = serde_json::from_slice(bytes)?;
-        if raw.format != FORMAT {
-            return Err(DocumentError::Format { found: raw.format });
-        }
-        let actual = sha256_id(raw.policies.get().as_bytes());
-        if actual != raw.hash {
-            return Err(DocumentError::Hash {
-                stated: raw.hash,
-                actual,
-            });
-        }
+        let raw = RawDocument::read(bytes)?;
         let policies: Vec<CompiledPolicy> = serde_json::from_str(raw.policies.get())?;
         for p in &policies {
-            let fail = |field: &str, message: String| DocumentError::Policy {
-                policy: p.identity(),
-                error: FieldError {
-                    field: field.to_owned(),
-                    message,
-                },
-            };
-            p.params.check().map_err(|error| DocumentError::Policy {
-                policy: p.identity(),
-                error,
-            })?;
-            for (i, q) in p.queues.iter().enumerate() {
-                pattern::check_pattern(q)
-                    .map_err(|e| fail(&format!("queues[{i}]"), e.to_string()))?;
-            }
-            if let Some(rollout) = &p.rollout {
-                rollout.exposure().map_err(|error| DocumentError::Policy {
-                    policy: p.identity(),
-                    error,
-                })?;
-            }
+            check_policy(
+                &p.namespace,
+                &p.name,
+                &p.params,
+                p.queues.iter().map(String::as_str),
+                p.rollout.as_ref(),
+            )?;
         }
         Ok(Self {
             format: raw.format,
@@ -166,6 +149,54 @@ struct RawDocument<'a> {
     hash: String,
     #[serde(borrow)]
     policies: &'a serde_json::value::RawValue,
+}
+
+impl<'a> RawDocument<'a> {
+    /// Reads the envelope and checks the format and the hash over `policies`' bytes: what
+    /// both readers ([`CompiledDocument::from_json`], [`PolicyTable::from_json`]) do first.
+    fn read(bytes: &'a [u8]) -> Result<Self, DocumentError> {
+        let raw: RawDocument<'_> = serde_json::from_slice(bytes)?;
+        if raw.format != FORMAT {
+            return Err(DocumentError::Format { found: raw.format });
+        }
+        let actual = sha256_id(raw.policies.get().as_bytes());
+        if actual != raw.hash {
+            return Err(DocumentError::Hash {
+                stated: raw.hash,
+                actual,
+            });
+        }
+        Ok(raw)
+    }
+}
+
+/// The invariants of one policy read from outside the process (its parameters, each
+/// queue pattern, its rollout), checked alike by both readers; the first failure names
+/// the policy and the field. Returns the rollout's exposure, built by the check.
+fn check_policy<'q>(
+    namespace: &str,
+    name: &str,
+    params: &ResolvedPolicy,
+    queues: impl Iterator<Item = &'q str>,
+    rollout: Option<&CompiledRollout>,
+) -> Result<Option<Exposure>, DocumentError> {
+    let fail = |error| DocumentError::Policy {
+        policy: identity(namespace, name),
+        error,
+    };
+    params.check().map_err(fail)?;
+    for (i, q) in queues.enumerate() {
+        pattern::check_pattern(q).map_err(|e| {
+            fail(FieldError {
+                field: format!("queues[{i}]"),
+                message: e.to_string(),
+            })
+        })?;
+    }
+    rollout
+        .map(CompiledRollout::exposure)
+        .transpose()
+        .map_err(fail)
 }
 
 /// The hash of the policies as [`CompiledDocument::to_json`] writes them.

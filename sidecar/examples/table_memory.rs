@@ -1,11 +1,12 @@
 //! The heap a policy table holds, counted by the allocator itself (no RSS noise): the
 //! generated table of `load` (`--policies`, default 10,000: a queue, a queue glob and, for
-//! half of them, two error classes each), the table as the sidecar builds it on a
+//! half of them, two error classes each), the table as the sidecar reads it on a
 //! reload, and the part of it that is the prepared globs; the number of live allocations
-//! too (each small one can pin a page after a reload); the decision series and budgets
-//! before any decision; and the whole snapshot a request reads (table, retry budgets,
-//! decision series). With `--rollout`, every policy is in rollout (two revisions each). A
-//! program that prints figures.
+//! too (each small one can pin a page after a reload) and of those the read made and
+//! freed again (each can leave a hole); the decision series and budgets before any
+//! decision; and the whole snapshot a request reads (table, retry budgets, decision
+//! series). With `--rollout`, every policy is in rollout (two revisions each). A program
+//! that prints figures.
 //!
 //! cargo run --release -p rebound-sidecar --features testkit --example table_memory [-- --rollout]
 
@@ -21,11 +22,14 @@ struct Counting;
 
 static HELD: AtomicIsize = AtomicIsize::new(0);
 static BLOCKS: AtomicIsize = AtomicIsize::new(0);
+/// Allocations and reallocations ever made: what a read made beyond the blocks it keeps.
+static MADE: AtomicIsize = AtomicIsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
         BLOCKS.fetch_add(1, Ordering::Relaxed);
+        MADE.fetch_add(1, Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
 
@@ -40,6 +44,7 @@ unsafe impl GlobalAlloc for Counting {
             new_size as isize - layout.size() as isize,
             Ordering::Relaxed,
         );
+        MADE.fetch_add(1, Ordering::Relaxed);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -76,9 +81,10 @@ fn main() -> Result<()> {
     };
     let json = doc.to_json();
 
-    let before = held();
-    let table = PolicyTable::from_document(CompiledDocument::from_json(json.as_bytes())?);
+    let (before, made) = (held(), MADE.load(Ordering::Relaxed));
+    let table = PolicyTable::from_json(json.as_bytes())?;
     let (table_bytes, table_blocks) = since(before);
+    let transient = MADE.load(Ordering::Relaxed) - made - table_blocks;
 
     let before = held();
     let series = (Budgets::detached(&table), Decisions::detached(&table));
@@ -105,8 +111,9 @@ fn main() -> Result<()> {
     println!(
         "{policies} policies{}, document {:.2} MiB: table {:.2} MiB ({:.0} B a policy); \
          its {} globs prepared alone {:.2} MiB ({:.0} B a glob); {table_blocks} allocations \
-         held ({:.1} a policy); decision series and budgets before any decision {:.3} MiB \
-         ({:.1} B, {:.4} allocations a policy); the snapshot a request reads {:.2} MiB",
+         held ({:.1} a policy), {transient} more made and freed while reading it ({:.1} a \
+         policy); decision series and budgets before any decision {:.3} MiB ({:.1} B, {:.4} \
+         allocations a policy); the snapshot a request reads {:.2} MiB",
         if rollout { " all in rollout" } else { "" },
         mib(json.len() as isize),
         mib(table_bytes),
@@ -115,6 +122,7 @@ fn main() -> Result<()> {
         mib(glob_bytes),
         glob_bytes as f64 / globs.len().max(1) as f64,
         table_blocks as f64 / policies.max(1) as f64,
+        transient as f64 / policies.max(1) as f64,
         mib(series_bytes),
         series_bytes as f64 / policies.max(1) as f64,
         series_blocks as f64 / policies.max(1) as f64,

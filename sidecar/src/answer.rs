@@ -19,14 +19,12 @@ use crate::{
     rollout_evidence::{Answered, RolloutEvidence},
 };
 
-/// What answering needs from a configuration: the queue table and the names answers
-/// report. Where it came from and when it was loaded is `config`'s business.
+/// What answering needs from a configuration: the queue table (which names its namespace
+/// and content hash) and the series kept per policy. Where it came from and when it was
+/// loaded is `config`'s business.
 #[derive(Debug)]
 pub struct Snapshot {
     pub table: PolicyTable,
-    pub namespace: String,
-    /// The document's content hash, `sha256:<hex>`.
-    pub hash: String,
     /// Retry-budget schedulers of the budgeted policies.
     pub budgets: Budgets,
     /// Each policy's decision counters, by table entry position.
@@ -36,27 +34,29 @@ pub struct Snapshot {
 impl Snapshot {
     /// With fresh schedulers and counters whose metrics are registered nowhere.
     pub fn new(doc: &CompiledDocument) -> Self {
-        let table = PolicyTable::from_document(doc.clone());
+        let table = PolicyTable::new(doc);
         let (budgets, decisions) = (Budgets::detached(&table), Decisions::detached(&table));
-        Self::with_series(doc.namespace.clone(), table, budgets, decisions)
+        Self::with_series(table, budgets, decisions)
     }
 
     /// `budgets` and `decisions` must be built from `table`: they are found by the table
     /// entry's position.
-    pub fn with_series(
-        namespace: String,
-        table: PolicyTable,
-        budgets: Budgets,
-        decisions: Decisions,
-    ) -> Self {
+    pub fn with_series(table: PolicyTable, budgets: Budgets, decisions: Decisions) -> Self {
         debug_assert_eq!(decisions.len(), table.len(), "decisions of another table");
         Self {
-            hash: table.hash().to_owned(),
             table,
-            namespace,
             budgets,
             decisions,
         }
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.table.namespace()
+    }
+
+    /// The document's content hash, `sha256:<hex>`.
+    pub fn hash(&self) -> &str {
+        self.table.hash()
     }
 }
 
@@ -254,13 +254,14 @@ fn lookup<'a>(cfg: &'a Snapshot, queue: &str) -> Result<Found<'a>, RequestError>
             return RequestError::NotFound(format!(
                 "namespace {:?} has no RetryPolicies (configuration {} is empty), so none \
                  governs queue {queue:?}",
-                cfg.namespace, cfg.hash
+                cfg.namespace(),
+                cfg.hash()
             ));
         }
         RequestError::NotFound(format!(
             "no RetryPolicy in namespace {:?} governs queue {queue:?}, and there is no \
              catch-all \"*\" policy",
-            cfg.namespace
+            cfg.namespace()
         ))
     })
 }
@@ -270,7 +271,7 @@ fn policy_ref(cfg: &Snapshot, entry: &TableEntry) -> pb::PolicyRef {
         name: entry.name().to_owned(),
         namespace: entry.namespace().to_owned(),
         generation: entry.generation,
-        config_hash: cfg.hash.clone(),
+        config_hash: cfg.hash().to_owned(),
     }
 }
 
@@ -706,7 +707,7 @@ mod tests {
         assert_eq!(outcome, Reason::Backoff);
         let policy = r.policy.expect("policy");
         assert_eq!((policy.name.as_str(), policy.generation), ("p", 4));
-        assert_eq!(policy.config_hash, cfg.hash);
+        assert_eq!(policy.config_hash, cfg.hash());
         assert_eq!(r.revision, "", "not in rollout: no revision");
         let got = get_policy(&cfg, &wire::GetPolicyRequest { queue: "q".into() }).expect("policy");
         assert_eq!(got.rollout, None);

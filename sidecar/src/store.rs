@@ -57,11 +57,11 @@ impl Loaded {
     }
 
     pub fn hash(&self) -> &str {
-        &self.snapshot.hash
+        self.snapshot.table.hash()
     }
 
     pub fn namespace(&self) -> &str {
-        &self.snapshot.namespace
+        self.snapshot.table.namespace()
     }
 
     /// What metrics report about it.
@@ -189,9 +189,10 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// Parses a compiled document (format, hash and every policy checked by the policy crate).
-pub fn parse_compiled(bytes: &[u8], origin: &str) -> Result<CompiledDocument, LoadError> {
-    CompiledDocument::from_json(bytes).map_err(|source| LoadError::Document {
+/// Parses a compiled document straight into the table requests are answered from (format,
+/// hash and every policy checked by the policy crate).
+pub fn parse_compiled(bytes: &[u8], origin: &str) -> Result<PolicyTable, LoadError> {
+    PolicyTable::from_json(bytes).map_err(|source| LoadError::Document {
         origin: origin.to_owned(),
         source,
     })
@@ -310,21 +311,20 @@ impl Store {
         self.loaded.subscribe()
     }
 
-    /// Indexes a checked document and makes it current. `started` is when the reload began
-    /// (read + parse), for the reload-duration metric. Returns `false` when the document is
-    /// the one already loaded.
-    pub fn install(&self, doc: CompiledDocument, origin: &str, started: Instant) -> bool {
+    /// Makes a checked table (or a document, indexed here) current. `started` is when the
+    /// reload began (read + parse), for the reload-duration metric. Returns `false` when
+    /// the table is the one already loaded.
+    pub fn install(&self, table: impl Into<PolicyTable>, origin: &str, started: Instant) -> bool {
+        let table = table.into();
         self.stale.store(false, Ordering::Relaxed);
         if let Some(current) = self.current.load().as_ref()
-            && current.hash() == doc.hash
-            && current.namespace() == doc.namespace
+            && current.hash() == table.hash()
+            && current.namespace() == table.namespace()
         {
-            tracing::debug!(hash = %doc.hash, origin, "configuration unchanged");
+            tracing::debug!(hash = %table.hash(), origin, "configuration unchanged");
             return false;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        let namespace = doc.namespace.clone();
-        let table = PolicyTable::from_document(doc);
         // Budgets carry over from the configuration being replaced; decision series are
         // handed over once it is retired.
         let budgets = Budgets::build(
@@ -333,7 +333,7 @@ impl Store {
             &self.metrics,
         );
         let decisions = self.metrics.decisions().build(&table);
-        let snapshot = Snapshot::with_series(namespace, table, budgets, decisions);
+        let snapshot = Snapshot::with_series(table, budgets, decisions);
         let loaded = Arc::new(Loaded::new(snapshot, origin.to_owned(), sequence));
         let old = self.current.swap(Some(Arc::clone(&loaded)));
         let took = started.elapsed();

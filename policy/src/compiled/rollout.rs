@@ -104,11 +104,20 @@ impl RolloutEntry {
     /// with a bad one is served by its stable revision alone.
     pub fn new(identity: &str, rollout: CompiledRollout) -> Option<Box<Self>> {
         let exposure = rollout.exposure().ok()?;
-        Some(Box::new(Self {
+        Some(Self::checked(identity, rollout, exposure))
+    }
+
+    /// With the exposure [`CompiledRollout::exposure`] already built from `rollout`.
+    pub(super) fn checked(
+        identity: &str,
+        rollout: CompiledRollout,
+        exposure: Exposure,
+    ) -> Box<Self> {
+        Box::new(Self {
             canary: PreparedPolicy::new(identity, rollout.canary),
             exposure,
             stable_revision: rollout.stable_revision,
-        }))
+        })
     }
 }
 

@@ -11,6 +11,7 @@ use std::hash::{BuildHasher, RandomState};
 use crate::{
     decide::PreparedPolicy,
     pattern::{self, Specificity, Stars},
+    resolve::ResolvedPolicy,
 };
 
 use super::{CompiledDocument, rollout::RolloutEntry};
@@ -29,6 +30,22 @@ pub struct TableEntry {
 }
 
 impl TableEntry {
+    /// `identity` is `namespace/name` with `namespace_len` bytes of namespace.
+    pub(super) fn new(
+        identity: String,
+        namespace_len: usize,
+        generation: i64,
+        params: ResolvedPolicy,
+        rollout: Option<Box<RolloutEntry>>,
+    ) -> Self {
+        Self {
+            policy: PreparedPolicy::new(identity, params),
+            namespace_len,
+            generation,
+            rollout,
+        }
+    }
+
     pub fn name(&self) -> &str {
         self.policy
             .identity()
@@ -52,11 +69,54 @@ impl TableEntry {
 /// pattern is scanned whose prefix cannot match, and no try backtracks.
 #[derive(Debug)]
 pub struct PolicyTable {
+    namespace: String,
     hash: String,
     entries: Vec<TableEntry>,
     exact: ExactIndex,
     globs: PackedGlobs,
     prefixes: PrefixTrie,
+}
+
+/// The lookup structures over the queue patterns.
+pub(super) struct Indexes {
+    exact: ExactIndex,
+    globs: PackedGlobs,
+    prefixes: PrefixTrie,
+}
+
+impl Indexes {
+    /// `(pattern, entry)` in precedence order (document order). The patterns are walked
+    /// twice: once to size the packed blocks, once to fill them.
+    pub(super) fn build<'a>(queues: impl Iterator<Item = (&'a str, usize)> + Clone) -> Self {
+        let (mut exact_count, mut exact_bytes, mut glob_bytes) = (0, 0, 0);
+        let mut globs = Vec::new();
+        for (q, index) in queues.clone() {
+            if q.contains('*') {
+                glob_bytes += q.len();
+                globs.push((q, index));
+            } else {
+                exact_count += 1;
+                exact_bytes += q.len();
+            }
+        }
+        let exact = ExactIndex::build(
+            queues.filter(|(q, _)| !q.contains('*')),
+            exact_count,
+            exact_bytes,
+        );
+        // Most specific first; on equal specificity the earlier policy (the document is in
+        // precedence order). Keys are computed once per pattern, not once per comparison.
+        globs.sort_by_cached_key(|(pattern, index)| {
+            (std::cmp::Reverse(Specificity::of(pattern)), *index)
+        });
+        let globs = pack_globs(&globs, glob_bytes);
+        let prefixes = PrefixTrie::build(globs.globs.iter().map(|g| globs.literal_prefix(g)));
+        Self {
+            exact,
+            globs,
+            prefixes,
+        }
+    }
 }
 
 /// Exact queue names → entry, open addressing over one block of name bytes.
@@ -195,54 +255,54 @@ struct PrefixTrie {
 }
 
 impl PrefixTrie {
+    /// Laid flat directly, with no allocation per node: the prefixes are sorted, so the
+    /// nodes come out in preorder, each node's children by increasing byte, and the globs
+    /// grouped by the node their prefix ends at.
     fn build<'a>(prefixes: impl Iterator<Item = &'a [u8]>) -> Self {
-        // Built with a vector per node, then laid flat; node numbers stay as built.
-        #[derive(Default)]
-        struct Node {
-            children: Vec<(u8, u32)>,
-            globs: Vec<u32>,
-        }
-        let mut nodes = vec![Node::default()];
-        for (glob, prefix) in prefixes.enumerate() {
-            let mut node = 0;
-            for &b in prefix {
-                let children = &nodes[node].children;
-                node = match children.binary_search_by_key(&b, |&(c, _)| c) {
-                    Ok(i) => children[i].1 as usize,
-                    Err(at) => {
-                        let next = nodes.len();
-                        nodes[node].children.insert(at, (b, next as u32));
-                        nodes.push(Node::default());
-                        next
-                    }
-                };
+        let prefixes: Vec<&[u8]> = prefixes.collect();
+        // Stable: globs with the same prefix stay in precedence order.
+        let mut order: Vec<u32> = (0..prefixes.len() as u32).collect();
+        order.sort_by_key(|&g| prefixes[g as usize]);
+        // Node `n > 0` hangs off `parent[n - 1]` by `byte[n - 1]`; the root is node 0.
+        let (mut parent, mut byte) = (Vec::<u32>::new(), Vec::<u8>::new());
+        let mut ends = Vec::with_capacity(order.len());
+        // The nodes of the previous prefix, root first.
+        let mut path = vec![0u32];
+        let mut previous: &[u8] = &[];
+        for &g in &order {
+            let prefix = prefixes[g as usize];
+            let common = prefix
+                .iter()
+                .zip(previous)
+                .take_while(|(a, b)| a == b)
+                .count();
+            path.truncate(common + 1);
+            for &b in &prefix[common..] {
+                let node = parent.len() as u32 + 1;
+                parent.push(path[path.len() - 1]);
+                byte.push(b);
+                path.push(node);
             }
-            nodes[node].globs.push(glob as u32);
+            ends.push(path[path.len() - 1]);
+            previous = prefix;
         }
-        let edges: usize = nodes.iter().map(|n| n.children.len()).sum();
-        let globs: usize = nodes.iter().map(|n| n.globs.len()).sum();
-        let mut edge_start = Vec::with_capacity(nodes.len() + 1);
-        let mut edge_byte = Vec::with_capacity(edges);
-        let mut edge_child = Vec::with_capacity(edges);
-        let mut glob_start = Vec::with_capacity(nodes.len() + 1);
-        let mut flat_globs = Vec::with_capacity(globs);
-        for node in nodes {
-            edge_start.push(edge_byte.len() as u32);
-            glob_start.push(flat_globs.len() as u32);
-            for (b, child) in node.children {
-                edge_byte.push(b);
-                edge_child.push(child);
-            }
-            flat_globs.extend(node.globs);
+        let nodes = parent.len() + 1;
+        let edge_start = starts(parent.iter().copied(), nodes);
+        let mut fill: Vec<u32> = edge_start[..nodes].to_vec();
+        let mut edge_byte = vec![0u8; parent.len()].into_boxed_slice();
+        let mut edge_child = vec![0u32; parent.len()].into_boxed_slice();
+        for (child, (&p, &b)) in parent.iter().zip(&byte).enumerate() {
+            let at = fill[p as usize] as usize;
+            edge_byte[at] = b;
+            edge_child[at] = child as u32 + 1;
+            fill[p as usize] += 1;
         }
-        edge_start.push(edge_byte.len() as u32);
-        glob_start.push(flat_globs.len() as u32);
         PrefixTrie {
-            edge_start: edge_start.into(),
-            edge_byte: edge_byte.into(),
-            edge_child: edge_child.into(),
-            glob_start: glob_start.into(),
-            globs: flat_globs.into(),
+            glob_start: starts(ends.iter().copied(), nodes),
+            edge_start,
+            edge_byte,
+            edge_child,
+            globs: order.into_boxed_slice(),
         }
     }
 
@@ -261,6 +321,25 @@ impl PrefixTrie {
     }
 }
 
+impl From<CompiledDocument> for PolicyTable {
+    fn from(doc: CompiledDocument) -> Self {
+        Self::from_document(doc)
+    }
+}
+
+/// `starts[n]..starts[n + 1]` for each node `n` owning the items at the positions
+/// `owners` gives, in order of node: a count per node, then running sums.
+fn starts(owners: impl Iterator<Item = u32>, nodes: usize) -> Box<[u32]> {
+    let mut starts = vec![0u32; nodes + 1];
+    for n in owners {
+        starts[n as usize + 1] += 1;
+    }
+    for n in 1..=nodes {
+        starts[n] += starts[n - 1];
+    }
+    starts.into_boxed_slice()
+}
+
 impl PolicyTable {
     /// Indexes a document the caller keeps (its policies are copied).
     pub fn new(doc: &CompiledDocument) -> Self {
@@ -270,52 +349,40 @@ impl PolicyTable {
     /// Indexes a document, taking its parameters instead of copying them. Names and
     /// patterns are copied once into the packed blocks, each sized before it is filled.
     pub fn from_document(doc: CompiledDocument) -> Self {
-        let (mut exact_count, mut exact_bytes, mut glob_bytes) = (0, 0, 0);
-        let mut globs = Vec::new();
-        for (index, p) in doc.policies.iter().enumerate() {
-            for q in &p.queues {
-                if q.contains('*') {
-                    glob_bytes += q.len();
-                    globs.push((q.as_str(), index));
-                } else {
-                    exact_count += 1;
-                    exact_bytes += q.len();
-                }
-            }
-        }
-        let exact = ExactIndex::build(
-            doc.policies.iter().enumerate().flat_map(|(index, p)| {
-                p.queues
-                    .iter()
-                    .filter(|q| !q.contains('*'))
-                    .map(move |q| (q.as_str(), index))
-            }),
-            exact_count,
-            exact_bytes,
+        let indexes = Indexes::build(
+            doc.policies
+                .iter()
+                .enumerate()
+                .flat_map(|(index, p)| p.queues.iter().map(move |q| (q.as_str(), index))),
         );
-        // Most specific first; on equal specificity the earlier policy (the document is in
-        // precedence order). Keys are computed once per pattern, not once per comparison.
-        globs.sort_by_cached_key(|(pattern, index)| {
-            (std::cmp::Reverse(Specificity::of(pattern)), *index)
-        });
-        let globs = pack_globs(&globs, glob_bytes);
-        let prefixes = PrefixTrie::build(globs.globs.iter().map(|g| globs.literal_prefix(g)));
-        let mut entries = Vec::with_capacity(doc.policies.len());
-        for p in doc.policies {
-            let identity = p.identity();
-            entries.push(TableEntry {
-                rollout: p.rollout.and_then(|r| RolloutEntry::new(&identity, r)),
-                policy: PreparedPolicy::new(identity, p.params),
-                namespace_len: p.namespace.len(),
-                generation: p.generation,
-            });
-        }
+        let entries = doc
+            .policies
+            .into_iter()
+            .map(|p| {
+                let identity = p.identity();
+                let rollout = p.rollout.and_then(|r| RolloutEntry::new(&identity, r));
+                TableEntry::new(identity, p.namespace.len(), p.generation, p.params, rollout)
+            })
+            .collect();
+        Self::assemble(doc.namespace, doc.hash, entries, indexes)
+    }
+
+    /// `entries` may have grown by doubling while a document was read; shrinking gives
+    /// the spare capacity back (in place for a block this large).
+    pub(super) fn assemble(
+        namespace: String,
+        hash: String,
+        mut entries: Vec<TableEntry>,
+        indexes: Indexes,
+    ) -> Self {
+        entries.shrink_to_fit();
         Self {
-            hash: doc.hash,
+            namespace,
+            hash,
             entries,
-            exact,
-            globs,
-            prefixes,
+            exact: indexes.exact,
+            globs: indexes.globs,
+            prefixes: indexes.prefixes,
         }
     }
 
@@ -368,8 +435,14 @@ impl PolicyTable {
         })
     }
 
+    /// The document's content hash, `sha256:<hex>`.
     pub fn hash(&self) -> &str {
         &self.hash
+    }
+
+    /// The namespace the document was compiled for.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     pub fn len(&self) -> usize {

@@ -3,19 +3,29 @@
 //! re-reads to the same hash. Mutated input almost never keeps a valid content hash, so
 //! structurally valid input is also re-stamped with its hash and run through the full
 //! checks, which reaches the per-policy invariants and `decide` on whatever passes them.
+//! The sidecar's one-pass reader and the document reader accept exactly the same inputs.
 use rebound_policy::CompiledDocument;
 use rebound_sidecar::{answer, pb::server as wire, store};
 
 /// One input: never panics; an accepted document behaves.
 pub fn run(data: &[u8]) {
-    if let Ok(doc) = store::parse_compiled(data, "fuzz") {
-        exercise(&doc);
-    }
+    read(data);
     if let Ok(raw) = serde_json::from_slice::<CompiledDocument>(data) {
         let stamped = CompiledDocument::new(raw.namespace, raw.policies).to_json();
-        if let Ok(doc) = store::parse_compiled(stamped.as_bytes(), "fuzz") {
-            exercise(&doc);
-        }
+        read(stamped.as_bytes());
+    }
+}
+
+fn read(data: &[u8]) {
+    let table = store::parse_compiled(data, "fuzz");
+    let doc = CompiledDocument::from_json(data);
+    assert_eq!(table.is_ok(), doc.is_ok(), "the two readers disagree");
+    if let (Ok(table), Ok(doc)) = (table, doc) {
+        assert_eq!(
+            (table.hash(), table.len()),
+            (doc.hash.as_str(), doc.policies.len())
+        );
+        exercise(&doc);
     }
 }
 

@@ -25,7 +25,7 @@ use notify::{
     EventKind, RecursiveMode, Watcher,
     event::{AccessKind, AccessMode},
 };
-use rebound_policy::CompiledDocument;
+use rebound_policy::PolicyTable;
 
 use crate::store::{self, LoadError, Store};
 
@@ -370,9 +370,9 @@ impl Loader {
         }
         self.last_input = Some(fingerprint);
         match self.parse(&inputs) {
-            Ok(doc) => {
+            Ok(table) => {
                 self.last_error = None;
-                self.store.install(doc, &self.origin, started);
+                self.store.install(table, &self.origin, started);
             }
             Err(e) => self.fail(&e),
         }
@@ -387,7 +387,7 @@ impl Loader {
             .collect()
     }
 
-    fn parse(&self, inputs: &[(PathBuf, Vec<u8>)]) -> Result<CompiledDocument, LoadError> {
+    fn parse(&self, inputs: &[(PathBuf, Vec<u8>)]) -> Result<PolicyTable, LoadError> {
         match &self.kind {
             FileKind::Compiled { .. } => {
                 let bytes = inputs.first().map_or(&[][..], |(_, b)| b.as_slice());
@@ -406,7 +406,7 @@ impl Loader {
                             })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                store::compile_manifests(&texts, namespace)
+                store::compile_manifests(&texts, namespace).map(PolicyTable::from_document)
             }
         }
     }

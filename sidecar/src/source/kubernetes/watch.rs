@@ -192,7 +192,7 @@ impl Watch<'_> {
         let parsed = tokio::task::spawn_blocking(move || {
             let result = super::super::inflate(&bytes, &origin)
                 .and_then(|json| store::parse_compiled(&json, &origin))
-                .map(|doc| store.install(doc, &origin, started));
+                .map(|table| store.install(table, &origin, started));
             drop(bytes);
             store::release_freed_memory();
             result

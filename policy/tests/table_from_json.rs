@@ -61,11 +61,12 @@ fn answers(table: &PolicyTable) -> Vec<String> {
             )
         });
         seen.push(format!(
-            "{} {} {} {:?} {rollout:?}",
+            "{} {} {} {} {:?} {rollout:?}",
             e.namespace(),
             e.name(),
             e.generation,
-            e.policy
+            e.identity(),
+            e.resolved()
         ));
     }
     for q in ["q3", "g3.x", "g4.", "nothing", "q39", "A-q", "gx"] {
@@ -93,7 +94,7 @@ fn escaped_names_and_patterns_are_read_as_their_characters() {
     let table = PolicyTable::from_json(json.as_bytes()).expect("valid");
     let entry = table.lookup("A-q").expect("the escaped queue");
     assert_eq!((entry.namespace(), entry.name()), ("bench", "p1"));
-    assert_eq!(entry.policy.identity(), "bench/p1");
+    assert_eq!(entry.identity(), "bench/p1");
     assert_eq!(table.position("gx"), Some(0), "\\u002a is a star");
     let doc = CompiledDocument::from_json(json.as_bytes()).expect("valid");
     assert_eq!(answers(&table), answers(&PolicyTable::from_document(doc)));

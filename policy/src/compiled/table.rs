@@ -1,10 +1,12 @@
 //! The queue table the sidecar answers from: queue → policy lookup over one compiled
-//! document, each entry holding its prepared policy (and, in rollout, both revisions).
+//! document, each entry answering through [`PolicyView`] (and, in rollout, holding the
+//! new revision too).
 //!
-//! The table keeps its queue names and patterns packed in two blocks of bytes with `u32`
+//! The table keeps its queue names and patterns packed in two blocks of bytes, and its
+//! entries' identities, error classes and schedules in blocks they share, with `u32`
 //! offsets, not one allocation each: a table of 10,000 policies is then a few large
-//! allocations plus a few small ones per entry, so freeing the table it replaces returns
-//! whole pages instead of leaving them pinned by the new table's strings.
+//! allocations, so freeing the table it replaces returns whole pages instead of leaving
+//! them pinned by the new table's strings.
 
 use std::{
     hash::{BuildHasher, RandomState},

@@ -312,7 +312,7 @@ fn answer_of(
     let table = PolicyTable::new(&doc);
     let entry = table.lookup(queue).expect("governed");
     (
-        rebound_policy::decide(&entry.policy, attempt, &ctx),
+        rebound_policy::decide(entry, attempt, &ctx),
         entry.name().to_owned(),
     )
 }

@@ -287,7 +287,7 @@ async fn kubectl_rebound_explains_asks_and_simulates_from_the_cluster() -> Resul
         assert_eq!(got["source"], "configMap");
         assert_eq!(got["policy"]["name"], entry.name());
         assert_eq!(got["policy"]["configHash"], served.hash.as_str());
-        match decide(&entry.policy, attempt, &ctx) {
+        match decide(entry, attempt, &ctx) {
             Decision::Retry { delay_ms } => {
                 assert_eq!(got["decision"], "Retry");
                 assert_eq!(got["delayMs"], delay_ms);

@@ -45,19 +45,15 @@ impl PreparedPolicy {
     /// The first non-retryable pattern that `error_class` matches, adding the matching
     /// work to `steps` (for cost tests).
     pub fn non_retryable_match(&self, error_class: &str, steps: &mut u64) -> Option<&str> {
-        self.params
-            .non_retryable_errors
-            .iter()
-            .zip(&self.non_retryable)
-            .find(|(text, stars)| {
-                Stars::matches(
-                    stars.as_ref(),
-                    text.as_bytes(),
-                    error_class.as_bytes(),
-                    steps,
-                )
-            })
-            .map(|(text, _)| text.as_str())
+        first_match(
+            self.params
+                .non_retryable_errors
+                .iter()
+                .map(String::as_str)
+                .zip(self.non_retryable.iter().map(Option::as_ref)),
+            error_class,
+            steps,
+        )
     }
 
     pub fn identity(&self) -> &str {
@@ -66,6 +62,95 @@ impl PreparedPolicy {
 
     pub fn params(&self) -> &ResolvedPolicy {
         &self.params
+    }
+}
+
+/// The first of `patterns` (text and prepared parts) that `error_class` matches.
+pub(crate) fn first_match<'p>(
+    mut patterns: impl Iterator<Item = (&'p str, Option<&'p Stars>)>,
+    error_class: &str,
+    steps: &mut u64,
+) -> Option<&'p str> {
+    patterns
+        .find(|(text, stars)| {
+            Stars::matches(*stars, text.as_bytes(), error_class.as_bytes(), steps)
+        })
+        .map(|(text, _)| text)
+}
+
+/// What [`decide`] reads of a policy: a [`PreparedPolicy`] and a table entry (which keeps
+/// its texts in its table's shared blocks) both answer through the one decide function.
+pub trait PolicyView: std::fmt::Debug {
+    fn identity(&self) -> &str;
+    /// The hash of the identity that seeds deterministic jitter.
+    fn identity_seed(&self) -> u64;
+    fn core(&self) -> Core<'_>;
+    /// The first non-retryable pattern that `error_class` matches, adding the matching
+    /// work to `steps` (for cost tests).
+    fn non_retryable_match(&self, error_class: &str, steps: &mut u64) -> Option<&str>;
+}
+
+/// The parameters of a policy that shape its delays, borrowed from wherever they are kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Core<'a> {
+    pub strategy: Strategy,
+    pub base_ms: u64,
+    pub multiplier: f64,
+    pub cap_ms: u64,
+    pub jitter: JitterKind,
+    pub jitter_ratio: f64,
+    pub schedule_ms: &'a [u64],
+    pub max_attempts: u32,
+    pub max_retry_duration_ms: Option<u64>,
+    pub terminal: &'a Disposition,
+}
+
+impl Core<'_> {
+    /// See [`MIN_PUSHBACK_LIMIT_MS`].
+    pub fn pushback_limit_ms(&self) -> u64 {
+        self.cap_ms.max(MIN_PUSHBACK_LIMIT_MS)
+    }
+}
+
+impl ResolvedPolicy {
+    /// The parameters [`decide`] reads, borrowed.
+    pub fn core(&self) -> Core<'_> {
+        Core {
+            strategy: self.strategy,
+            base_ms: self.base_ms,
+            multiplier: self.multiplier,
+            cap_ms: self.cap_ms,
+            jitter: self.jitter,
+            jitter_ratio: self.jitter_ratio,
+            schedule_ms: &self.schedule_ms,
+            max_attempts: self.max_attempts,
+            max_retry_duration_ms: self.max_retry_duration_ms,
+            terminal: &self.terminal,
+        }
+    }
+}
+
+impl<'a> From<&'a ResolvedPolicy> for Core<'a> {
+    fn from(policy: &'a ResolvedPolicy) -> Self {
+        policy.core()
+    }
+}
+
+impl PolicyView for PreparedPolicy {
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn identity_seed(&self) -> u64 {
+        self.identity_seed
+    }
+
+    fn core(&self) -> Core<'_> {
+        self.params.core()
+    }
+
+    fn non_retryable_match(&self, error_class: &str, steps: &mut u64) -> Option<&str> {
+        PreparedPolicy::non_retryable_match(self, error_class, steps)
     }
 }
 
@@ -175,7 +260,7 @@ pub enum Decision {
 }
 
 /// Decides what happens after `attempt` (1-based: the run that just failed) failed.
-pub fn decide(policy: &PreparedPolicy, attempt: u32, ctx: &Context<'_>) -> Decision {
+pub fn decide<P: PolicyView + ?Sized>(policy: &P, attempt: u32, ctx: &Context<'_>) -> Decision {
     decide_with(
         policy,
         attempt,
@@ -187,14 +272,14 @@ pub fn decide(policy: &PreparedPolicy, attempt: u32, ctx: &Context<'_>) -> Decis
 
 /// [`decide`] with explicit random draws and a replay memo, for callers that walk a whole
 /// schedule (simulation) and would otherwise replay decorrelated jitter from retry 1 each time.
-pub fn decide_with(
-    policy: &PreparedPolicy,
+pub fn decide_with<P: PolicyView + ?Sized>(
+    policy: &P,
     attempt: u32,
     ctx: &Context<'_>,
     draws: &Draws,
     replay: &mut Replay,
 ) -> Decision {
-    let p = &policy.params;
+    let p = policy.core();
     let attempt = attempt.max(1);
     let give_up = |reason| Decision::GiveUp {
         disposition: p.terminal.clone(),
@@ -226,7 +311,7 @@ pub fn decide_with(
     let remaining = p
         .max_retry_duration_ms
         .map(|limit| limit.saturating_sub(elapsed));
-    let mut delay_ms = delay_for_retry(p, attempt, remaining, draws, replay);
+    let mut delay_ms = delay_for_retry(&p, attempt, remaining, draws, replay);
     if let Some(pushback) = ctx.retry_after_ms {
         delay_ms = delay_ms.max(pushback.min(p.pushback_limit_ms()));
     }
@@ -250,7 +335,7 @@ pub const MIN_PUSHBACK_LIMIT_MS: u64 = 24 * 3_600_000;
 impl ResolvedPolicy {
     /// See [`MIN_PUSHBACK_LIMIT_MS`].
     pub fn pushback_limit_ms(&self) -> u64 {
-        self.cap_ms.max(MIN_PUSHBACK_LIMIT_MS)
+        self.core().pushback_limit_ms()
     }
 }
 
@@ -258,7 +343,7 @@ impl ResolvedPolicy {
 /// Never above the cap; a random delay (jitter, decorrelated) never above `remaining`
 /// either.
 fn delay_for_retry(
-    p: &ResolvedPolicy,
+    p: &Core<'_>,
     k: u32,
     remaining: Option<u64>,
     draws: &Draws,
@@ -409,9 +494,9 @@ pub struct Draws {
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Draws {
-    pub fn new(policy: &PreparedPolicy, job_id: Option<&str>) -> Self {
+    pub fn new<P: PolicyView + ?Sized>(policy: &P, job_id: Option<&str>) -> Self {
         let seed = match job_id {
-            Some(id) => mix64(hash_bytes(id.as_bytes()) ^ policy.identity_seed),
+            Some(id) => mix64(hash_bytes(id.as_bytes()) ^ policy.identity_seed()),
             None => thread_random_u64(),
         };
         Self { seed }

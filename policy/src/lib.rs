@@ -28,7 +28,7 @@ pub use compiled::{
     Compilation, CompiledDocument, CompiledPolicy, PolicyOutcome, PolicySource, PolicyTable,
     compile,
 };
-pub use decide::{Context, Decision, GiveUpReason, PreparedPolicy, decide};
+pub use decide::{Context, Decision, GiveUpReason, PolicyView, PreparedPolicy, decide};
 pub use duration::{KubeDuration, format_millis};
 pub use resolve::{Disposition, FieldError, ResolvedPolicy, RetryBudget, resolve};
 pub use retry_budget::{Scheduler, SlotShare};

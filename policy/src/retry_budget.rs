@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use self::slots::Slots;
 use crate::{
-    decide::{Decision, GiveUpReason},
+    decide::{Core, Decision, GiveUpReason},
     limits,
-    resolve::{ResolvedPolicy, RetryBudget},
+    resolve::RetryBudget,
 };
 
 /// Which slots this sidecar may book: slot `k` is booked only by member `k % members`.
@@ -186,12 +186,13 @@ impl Scheduler {
 
     /// Applies the budget to `decide`'s answer. Only `Retry` answers take a slot; give-ups
     /// pass through unchanged.
-    pub fn apply(
+    pub fn apply<'p>(
         &mut self,
-        policy: &ResolvedPolicy,
+        policy: impl Into<Core<'p>>,
         decision: Decision,
         ask: &Ask<'_>,
     ) -> Budgeted {
+        let policy = policy.into();
         let Decision::Retry { delay_ms } = decision else {
             return Budgeted {
                 decision,
@@ -215,7 +216,7 @@ impl Scheduler {
         answer
     }
 
-    fn book(&mut self, policy: &ResolvedPolicy, delay_ms: u64, ask: &Ask<'_>) -> Budgeted {
+    fn book(&mut self, policy: Core<'_>, delay_ms: u64, ask: &Ask<'_>) -> Budgeted {
         let now = ask.now_ms;
         self.forgotten_before = self.forgotten_before.max(self.budget.slot_of(now));
         self.slots.forget_before(self.forgotten_before);
@@ -304,7 +305,7 @@ impl Remembered {
 
     /// The same answer again, at `now_ms`, marked as a repeat: a retry runs at the time
     /// booked for it (now, if that has passed).
-    fn expand(self, policy: &ResolvedPolicy, now_ms: u64) -> Budgeted {
+    fn expand(self, policy: Core<'_>, now_ms: u64) -> Budgeted {
         match self {
             Self::Retry { at_ms, added_ms } => {
                 let delay_ms = at_ms.saturating_sub(now_ms);

@@ -1,7 +1,7 @@
 //! Compiling a namespace: conflicts, precedence, hashing and reading the document back.
 
 use rebound_policy::{
-    PolicyOutcome, PolicySource, PolicyTable, compile,
+    PolicyOutcome, PolicySource, PolicyTable, PreparedPolicy, compile,
     compiled::{CompiledDocument, DocumentError, LostQueue},
     manifest::parse_manifests,
     simulate,
@@ -151,7 +151,8 @@ fn simulation_gives_up_after_max_attempts_with_the_sum_of_delays() {
     let c = compile("shop", vec![source("a", 1, &["x"])]);
     let t = PolicyTable::new(&c.document);
     let entry = t.lookup("x").expect("policy");
-    let s = simulate(&entry.policy, 2_000, 7, true);
+    let policy = PreparedPolicy::new(entry.identity(), entry.resolved());
+    let s = simulate(&policy, 2_000, 7, true);
     assert_eq!(s.retries.len(), 9, "10 attempts = 9 retries");
     assert_eq!(s.give_up_reasons.max_attempts, 2_000);
     // Full jitter on 1s,2s,…,256s: each retry's mean is half its capped delay.
@@ -169,7 +170,7 @@ fn simulation_gives_up_after_max_attempts_with_the_sum_of_delays() {
     assert!(s.give_up_after_ms.max as f64 <= total_nominal);
     assert!((s.give_up_after_ms.p50 as f64 / (total_nominal / 2.0) - 1.0).abs() < 0.1);
     assert_eq!(
-        simulate(&entry.policy, 2_000, 7, true),
+        simulate(&policy, 2_000, 7, true),
         s,
         "same seed, same figures"
     );

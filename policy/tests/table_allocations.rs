@@ -72,14 +72,10 @@ fn a_table_keeps_few_allocations_per_policy() {
     let before = BLOCKS.load(Ordering::Relaxed);
     let table = PolicyTable::from_document(document(2_000));
     let held = BLOCKS.load(Ordering::Relaxed) - before;
-    // Per policy: its identity, and for every other one its error classes (a vector, two
-    // strings) and their prepared parts; the table's own blocks are a handful in all.
-    // Names and queue patterns are packed (one allocation each made 8 a policy).
-    let per_policy = held as f64 / 2_000.0;
-    assert!(
-        per_policy <= 3.5,
-        "{held} allocations, {per_policy} a policy"
-    );
+    // Identities, error classes and their prepared parts are packed in blocks the whole
+    // table shares, as names and patterns are: a plain policy owns no allocation, and the
+    // table's own blocks are a handful in all (one allocation each made 8 a policy).
+    assert!(held <= 32, "{held} allocations held for 2,000 policies");
     assert_eq!(table.lookup("q7").map(|e| e.name()), Some("p7"));
     assert_eq!(table.lookup("g7.x").map(|e| e.namespace()), Some("bench"));
 }
@@ -92,15 +88,17 @@ fn reading_a_table_allocates_little_it_does_not_keep() {
     let table = PolicyTable::from_json(json.as_bytes()).expect("valid");
     let held = BLOCKS.load(Ordering::Relaxed) - blocks;
     let freed = MADE.load(Ordering::Relaxed) - made - held;
-    // Each allocation made and freed while the table's blocks are being made can leave a
-    // hole between them. Names, namespaces and patterns are borrowed from the input, so
-    // what remains is a few vectors growing by doubling and the envelope's strings.
+    // Names, namespaces and patterns are borrowed from the input; what is made and freed
+    // is a few vectors growing by doubling, the envelope's strings and each policy's
+    // parsed error classes (a vector and a string each, here 1.5 a policy), copied into
+    // the shared blocks. Such a hole is refilled by the next policy's classes: the table
+    // keeps no small block that could pin it.
     let per_policy = freed as f64 / 2_000.0;
     assert!(
-        per_policy <= 0.05,
+        per_policy <= 1.6,
         "{freed} made and freed, {per_policy} a policy"
     );
     // And it keeps what the table built from a document keeps.
-    assert!(held <= 3 * 2_000 + 20, "{held} allocations held");
+    assert!(held <= 32, "{held} allocations held");
     assert_eq!(table.lookup("q7").map(|e| e.name()), Some("p7"));
 }

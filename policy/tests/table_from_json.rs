@@ -5,10 +5,12 @@
 mod support;
 
 use rebound_policy::{
-    CompiledDocument, CompiledPolicy, PolicyTable,
+    CompiledDocument, CompiledPolicy, Context, PolicyTable, PreparedPolicy,
     compiled::{CompiledRollout, DocumentError, FORMAT},
+    decide,
     digest::sha256_id,
     rollout::assign::{Step, revision_id},
+    spec::{JitterKind, Strategy},
 };
 use support::params_with_errors;
 
@@ -61,11 +63,12 @@ fn answers(table: &PolicyTable) -> Vec<String> {
             )
         });
         seen.push(format!(
-            "{} {} {} {:?} {rollout:?}",
+            "{} {} {} {} {:?} {rollout:?}",
             e.namespace(),
             e.name(),
             e.generation,
-            e.policy
+            e.identity(),
+            e.resolved()
         ));
     }
     for q in ["q3", "g3.x", "g4.", "nothing", "q39", "A-q", "gx"] {
@@ -93,7 +96,7 @@ fn escaped_names_and_patterns_are_read_as_their_characters() {
     let table = PolicyTable::from_json(json.as_bytes()).expect("valid");
     let entry = table.lookup("A-q").expect("the escaped queue");
     assert_eq!((entry.namespace(), entry.name()), ("bench", "p1"));
-    assert_eq!(entry.policy.identity(), "bench/p1");
+    assert_eq!(entry.identity(), "bench/p1");
     assert_eq!(table.position("gx"), Some(0), "\\u002a is a star");
     let doc = CompiledDocument::from_json(json.as_bytes()).expect("valid");
     assert_eq!(answers(&table), answers(&PolicyTable::from_document(doc)));
@@ -273,4 +276,46 @@ fn malformed_documents_are_refused_with_the_document_readers_error() {
         alike(&json.replace(FORMAT, "v9")),
         Some(Refusal::Format(_))
     ));
+}
+
+/// A table entry keeps its texts and schedule in the table's shared blocks: it gives
+/// back the parameters it was read from and decides as the policy prepared from them.
+#[test]
+fn an_entry_decides_as_its_prepared_policy() {
+    let mut scheduled = params_with_errors(vec!["Fatal*".into(), "E.*.x".into()]);
+    scheduled.strategy = Strategy::Schedule;
+    scheduled.schedule_ms = vec![300, 50, 7_000];
+    scheduled.jitter = JitterKind::None;
+    let policies = [params_with_errors(vec![]), scheduled]
+        .into_iter()
+        .enumerate()
+        .map(|(i, params)| CompiledPolicy {
+            name: format!("p{i}"),
+            namespace: "bench".to_owned(),
+            uid: String::new(),
+            generation: 1,
+            queues: vec![format!("q{i}")],
+            params,
+            rollout: None,
+        })
+        .collect();
+    let doc = CompiledDocument::new("bench", policies);
+    let table = PolicyTable::from_json(doc.to_json().as_bytes()).expect("valid");
+    for (entry, written) in table.entries().iter().zip(&doc.policies) {
+        assert_eq!(entry.resolved(), written.params);
+        let prepared = PreparedPolicy::new(written.identity(), written.params.clone());
+        for (attempt, class) in (0..12).zip(["", "Fatal", "E.1.x", "E.1.y"].iter().cycle()) {
+            let ctx = Context {
+                job_id: Some("job-7"),
+                error_class: (!class.is_empty()).then_some(*class),
+                ..Context::default()
+            };
+            assert_eq!(
+                decide(entry, attempt, &ctx),
+                decide(&prepared, attempt, &ctx),
+                "{} attempt {attempt} class {class:?}",
+                entry.identity()
+            );
+        }
+    }
 }

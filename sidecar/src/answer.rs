@@ -341,7 +341,7 @@ fn answer_with(
     now_ms: u64,
 ) -> (pb::DecideResponse, Reason) {
     let entry = found.entry;
-    let params = selected.policy.params();
+    let params = selected.policy.core();
     // Whether the caller's Retry-After decided the delay, as `decide` applies it.
     let pushed_back = match (&decision, q.retry_after_ms) {
         (Decision::Retry { delay_ms }, Some(pushback)) => {
@@ -351,7 +351,7 @@ fn answer_with(
     };
     // A policy's budget paces what its queue calls, whichever revision answers: the
     // scheduler is the stable revision's, and a changed budget applies on promotion.
-    let budgeted = match (entry.policy.params().retry_budget, &decision) {
+    let budgeted = match (entry.retry_budget(), &decision) {
         (Some(_), Decision::Retry { .. }) => cfg.budgets.get(found.position),
         _ => None,
     };
@@ -514,14 +514,12 @@ pub fn get_policy(
     let queue = check_queue(&req.queue)?;
     let Found { entry, position } = lookup(cfg, queue)?;
     let budget_scope = entry
-        .policy
-        .params()
-        .retry_budget
+        .retry_budget()
         .and(cfg.budgets.get(position))
         .map(|b| budget_scope_to_wire(b.scope(), b.stale()));
     Ok(pb::GetPolicyResponse {
         policy: Some(policy_ref(cfg, entry)),
-        resolved: Some(resolved_to_wire(entry.policy.params())),
+        resolved: Some(resolved_to_wire(&entry.resolved())),
         budget_scope,
         // Set by the service, which knows the source.
         config_source: None,

@@ -12,7 +12,8 @@ use std::{
 
 use prometheus_client::metrics::{counter::Counter, histogram::Histogram};
 use rebound_policy::{
-    Decision, PolicyTable, ResolvedPolicy,
+    Decision, PolicyTable,
+    decide::Core,
     resolve::RetryBudget,
     retry_budget::{Ask, Budgeted, Scheduler},
 };
@@ -70,7 +71,12 @@ impl PolicyBudget {
     }
 
     /// Applies the budget to `decide`'s answer and counts what it did.
-    pub fn apply(&self, params: &ResolvedPolicy, decision: Decision, ask: &Ask<'_>) -> Budgeted {
+    pub fn apply<'p>(
+        &self,
+        params: impl Into<Core<'p>>,
+        decision: Decision,
+        ask: &Ask<'_>,
+    ) -> Budgeted {
         let was_retry = matches!(decision, Decision::Retry { .. });
         let answer = {
             let mut scheduler = self.lock();
@@ -201,8 +207,8 @@ impl Budgets {
 /// stable revision's budget paces the queue also while a change rolls out.
 fn budgeted(table: &PolicyTable) -> impl Iterator<Item = (usize, &str, RetryBudget)> {
     table.entries().iter().enumerate().filter_map(|(i, e)| {
-        let budget = e.policy.params().retry_budget?;
-        Some((i, e.policy.identity(), budget))
+        let budget = e.retry_budget()?;
+        Some((i, e.identity(), budget))
     })
 }
 

@@ -156,7 +156,7 @@ impl RolloutEvidence {
             now_ms,
         };
         let recorded = self.book().record(&o, || {
-            maturity_ms(entry.policy.params(), rollout.canary.params())
+            maturity_ms(&entry.resolved(), rollout.canary.params())
         });
         if recorded.counted > 0 {
             let base = if arm == Arm::Canary { 2 } else { 0 };

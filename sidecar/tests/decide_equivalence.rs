@@ -38,7 +38,7 @@ fn expected(table: &PolicyTable, req: &pb::DecideRequest) -> Option<pb::DecideRe
         }),
         ..Default::default()
     };
-    match decide(&entry.policy, req.attempt, &ctx) {
+    match decide(entry, req.attempt, &ctx) {
         Decision::Retry { delay_ms } => {
             r.set_decision(pb::Decision::Retry);
             r.delay_ms = delay_ms;
@@ -177,7 +177,7 @@ async fn get_policy_returns_the_resolved_parameters() {
             .await
             .expect("policy")
             .into_inner();
-        assert_eq!(got.resolved, Some(resolved_to_wire(entry.policy.params())));
+        assert_eq!(got.resolved, Some(resolved_to_wire(&entry.resolved())));
         let policy = got.policy.expect("policy ref");
         assert_eq!(
             (policy.name.as_str(), policy.config_hash.as_str()),

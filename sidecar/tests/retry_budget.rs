@@ -58,7 +58,7 @@ fn plain_delay(table: &PolicyTable, req: &pb::DecideRequest) -> u64 {
         now_ms: Some(NOW_MS),
         ..Default::default()
     };
-    match decide(&entry.policy, req.attempt, &ctx) {
+    match decide(entry, req.attempt, &ctx) {
         Decision::Retry { delay_ms } => delay_ms,
         other => panic!("decide gave up: {other:?}"),
     }

@@ -19,9 +19,9 @@ use serde::de::{
 };
 
 use super::{
-    CompiledRollout, DocumentError, PolicyTable, RawDocument, check_policy, identity,
+    CompiledRollout, DocumentError, PolicyTable, RawDocument, check_policy,
     rollout::RolloutEntry,
-    table::{Indexes, TableEntry},
+    table::{Indexes, Packer, TableEntry},
 };
 use crate::resolve::ResolvedPolicy;
 
@@ -44,6 +44,7 @@ impl PolicyTable {
             raw.namespace,
             raw.hash,
             builder.entries,
+            builder.packer,
             indexes,
         ))
     }
@@ -55,6 +56,7 @@ struct Builder<'de> {
     /// Every queue pattern with its policy's position, in document order.
     queues: Vec<(Cow<'de, str>, usize)>,
     entries: Vec<TableEntry>,
+    packer: Packer,
     /// Policies read so far: the position of the next one.
     read: usize,
     /// The first policy that failed its checks; reading goes on so that a parse error
@@ -79,17 +81,14 @@ impl<'de> Builder<'de> {
         match check_policy(&namespace, &name, &params, queues, rollout.as_ref()) {
             Err(error) => self.failed = Some(error),
             Ok(exposure) => {
-                let identity = identity(&namespace, &name);
-                let rollout = rollout
-                    .zip(exposure)
-                    .map(|(r, e)| RolloutEntry::checked(&identity, r, e));
-                self.entries.push(TableEntry::new(
-                    identity,
-                    namespace.len(),
-                    generation,
-                    params,
-                    rollout,
-                ));
+                let entry = self
+                    .packer
+                    .entry(&namespace, &name, generation, params, |identity| {
+                        rollout
+                            .zip(exposure)
+                            .map(|(r, e)| RolloutEntry::checked(identity, r, e))
+                    });
+                self.entries.push(entry);
             }
         }
     }

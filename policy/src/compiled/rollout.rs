@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    decide::{Context, Decision, PreparedPolicy, decide},
+    decide::{Context, Decision, PolicyView, PreparedPolicy, decide},
     digest,
     resolve::{FieldError, ResolvedPolicy},
     rollout::assign::{Arm, Exposure, Step, arm},
@@ -124,7 +124,7 @@ impl RolloutEntry {
 /// The revision that answers a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Selected<'a> {
-    pub policy: &'a PreparedPolicy,
+    pub policy: &'a dyn PolicyView,
     pub arm: Arm,
     /// The answering revision's id; `""` for a policy not in rollout.
     pub revision: &'a str,
@@ -137,7 +137,7 @@ impl super::TableEntry {
     pub fn select(&self, ctx: &Context<'_>) -> Selected<'_> {
         let Some(rollout) = &self.rollout else {
             return Selected {
-                policy: &self.policy,
+                policy: self,
                 arm: Arm::Stable,
                 revision: "",
             };
@@ -145,12 +145,12 @@ impl super::TableEntry {
         let now = ctx.now_ms.unwrap_or(0);
         match arm(&rollout.exposure, ctx.job_id, ctx.first_failure_ms, now) {
             Arm::Stable => Selected {
-                policy: &self.policy,
+                policy: self,
                 arm: Arm::Stable,
                 revision: &rollout.stable_revision,
             },
             Arm::Canary => Selected {
-                policy: &rollout.canary,
+                policy: &rollout.canary as &dyn PolicyView,
                 arm: Arm::Canary,
                 revision: rollout.exposure.revision(),
             },

@@ -1,63 +1,247 @@
 //! The queue table the sidecar answers from: queue → policy lookup over one compiled
-//! document, each entry holding its prepared policy (and, in rollout, both revisions).
+//! document, each entry answering through [`PolicyView`] (and, in rollout, holding the
+//! new revision too).
 //!
-//! The table keeps its queue names and patterns packed in two blocks of bytes with `u32`
+//! The table keeps its queue names and patterns packed in two blocks of bytes, and its
+//! entries' identities, error classes and schedules in blocks they share, with `u32`
 //! offsets, not one allocation each: a table of 10,000 policies is then a few large
-//! allocations plus a few small ones per entry, so freeing the table it replaces returns
-//! whole pages instead of leaving them pinned by the new table's strings.
+//! allocations, so freeing the table it replaces returns whole pages instead of leaving
+//! them pinned by the new table's strings.
 
-use std::hash::{BuildHasher, RandomState};
+use std::{
+    hash::{BuildHasher, RandomState},
+    sync::Arc,
+};
 
 use crate::{
-    decide::PreparedPolicy,
+    decide::{Core, PolicyView, first_match, hash_bytes},
     pattern::{self, Specificity, Stars},
-    resolve::ResolvedPolicy,
+    resolve::{Disposition, ResolvedPolicy, RetryBudget},
+    spec::{JitterKind, Strategy},
 };
 
 use super::{CompiledDocument, rollout::RolloutEntry};
 
-/// A compiled policy ready to answer, with what the sidecar reports about it.
+/// A compiled policy ready to answer, with what the sidecar reports about it. Its
+/// identity, error classes and schedule are kept in blocks the whole table shares, so
+/// a policy without a rollout or a dead-letter queue owns no allocation of its own.
 #[derive(Debug)]
 pub struct TableEntry {
-    /// Its identity is `namespace/name`; [`TableEntry::name`] and
-    /// [`TableEntry::namespace`] are read from it rather than kept twice.
-    pub policy: PreparedPolicy,
-    /// Bytes of the namespace at the start of the identity.
-    namespace_len: usize,
+    shared: Arc<Shared>,
+    /// `namespace/name` in the shared text.
+    identity: Span,
+    namespace_len: u32,
+    identity_seed: u64,
+    /// Into [`Shared::errors`] and [`Shared::schedules`].
+    errors: Span,
+    schedule: Span,
+    params: Scalars,
     pub generation: i64,
     /// The new revision while a change rolls out; see [`TableEntry::select`].
     pub rollout: Option<Box<RolloutEntry>>,
 }
 
-impl TableEntry {
-    /// `identity` is `namespace/name` with `namespace_len` bytes of namespace.
-    pub(super) fn new(
-        identity: String,
-        namespace_len: usize,
+/// `start..end` in one of the shared blocks.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+impl Span {
+    fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+/// A [`ResolvedPolicy`] less what the shared blocks keep.
+#[derive(Debug)]
+struct Scalars {
+    strategy: Strategy,
+    jitter: JitterKind,
+    max_attempts: u32,
+    base_ms: u64,
+    multiplier: f64,
+    cap_ms: u64,
+    jitter_ratio: f64,
+    max_retry_duration_ms: Option<u64>,
+    terminal: Disposition,
+    retry_budget: Option<RetryBudget>,
+}
+
+/// What the entries of one table keep back to back, built before the entries point at it.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    /// Identities and error-class patterns.
+    text: String,
+    /// An error class: its text in `text`, and its parts prepared for matching.
+    errors: Vec<(Span, Option<Stars>)>,
+    schedules: Vec<u64>,
+}
+
+/// Fills a [`Shared`] policy by policy; entries point at a placeholder until
+/// [`Packer::finish`] hands them the finished block.
+#[derive(Debug, Default)]
+pub(super) struct Packer {
+    shared: Shared,
+    placeholder: Arc<Shared>,
+}
+
+impl Packer {
+    pub(super) fn entry(
+        &mut self,
+        namespace: &str,
+        name: &str,
         generation: i64,
         params: ResolvedPolicy,
-        rollout: Option<Box<RolloutEntry>>,
-    ) -> Self {
-        Self {
-            policy: PreparedPolicy::new(identity, params),
-            namespace_len,
+        rollout: impl FnOnce(&str) -> Option<Box<RolloutEntry>>,
+    ) -> TableEntry {
+        let shared = &mut self.shared;
+        let identity = push_text(&mut shared.text, &[namespace, "/", name]);
+        let errors_start = shared.errors.len() as u32;
+        for class in &params.non_retryable_errors {
+            let span = push_text(&mut shared.text, &[class]);
+            shared.errors.push((span, Stars::of(class)));
+        }
+        let schedule_start = shared.schedules.len() as u32;
+        shared.schedules.extend_from_slice(&params.schedule_ms);
+        let text = &shared.text[identity.range()];
+        TableEntry {
+            identity,
+            namespace_len: namespace.len() as u32,
+            identity_seed: hash_bytes(text.as_bytes()),
+            errors: Span {
+                start: errors_start,
+                end: shared.errors.len() as u32,
+            },
+            schedule: Span {
+                start: schedule_start,
+                end: shared.schedules.len() as u32,
+            },
+            rollout: rollout(text),
+            shared: Arc::clone(&self.placeholder),
             generation,
-            rollout,
+            params: Scalars {
+                strategy: params.strategy,
+                jitter: params.jitter,
+                max_attempts: params.max_attempts,
+                base_ms: params.base_ms,
+                multiplier: params.multiplier,
+                cap_ms: params.cap_ms,
+                jitter_ratio: params.jitter_ratio,
+                max_retry_duration_ms: params.max_retry_duration_ms,
+                terminal: params.terminal,
+                retry_budget: params.retry_budget,
+            },
         }
     }
 
+    /// Points `entries` (made by this packer) at the finished block.
+    fn finish(self, entries: &mut [TableEntry]) {
+        let mut shared = self.shared;
+        shared.text.shrink_to_fit();
+        shared.errors.shrink_to_fit();
+        shared.schedules.shrink_to_fit();
+        let shared = Arc::new(shared);
+        for entry in entries {
+            entry.shared = Arc::clone(&shared);
+        }
+    }
+}
+
+/// `parts` appended to `text` as one string; a document is at most 8 MiB, so offsets fit.
+fn push_text(text: &mut String, parts: &[&str]) -> Span {
+    let start = text.len() as u32;
+    parts.iter().for_each(|p| text.push_str(p));
+    Span {
+        start,
+        end: text.len() as u32,
+    }
+}
+
+impl TableEntry {
+    pub fn identity(&self) -> &str {
+        &self.shared.text[self.identity.range()]
+    }
+
     pub fn name(&self) -> &str {
-        self.policy
-            .identity()
-            .get(self.namespace_len + 1..)
+        self.identity()
+            .get(self.namespace_len as usize + 1..)
             .unwrap_or_default()
     }
 
     pub fn namespace(&self) -> &str {
-        self.policy
-            .identity()
-            .get(..self.namespace_len)
+        self.identity()
+            .get(..self.namespace_len as usize)
             .unwrap_or_default()
+    }
+
+    pub fn terminal(&self) -> &Disposition {
+        &self.params.terminal
+    }
+
+    pub fn retry_budget(&self) -> Option<RetryBudget> {
+        self.params.retry_budget
+    }
+
+    /// The (stable revision's) parameters as written, rebuilt: this allocates, so it is
+    /// for reports, not for answering.
+    pub fn resolved(&self) -> ResolvedPolicy {
+        let p = &self.params;
+        ResolvedPolicy {
+            strategy: p.strategy,
+            base_ms: p.base_ms,
+            multiplier: p.multiplier,
+            cap_ms: p.cap_ms,
+            jitter: p.jitter,
+            jitter_ratio: p.jitter_ratio,
+            schedule_ms: self.shared.schedules[self.schedule.range()].to_vec(),
+            max_attempts: p.max_attempts,
+            max_retry_duration_ms: p.max_retry_duration_ms,
+            non_retryable_errors: self.shared.errors[self.errors.range()]
+                .iter()
+                .map(|(span, _)| self.shared.text[span.range()].to_owned())
+                .collect(),
+            terminal: p.terminal.clone(),
+            retry_budget: p.retry_budget,
+        }
+    }
+}
+
+impl PolicyView for TableEntry {
+    fn identity(&self) -> &str {
+        TableEntry::identity(self)
+    }
+
+    fn identity_seed(&self) -> u64 {
+        self.identity_seed
+    }
+
+    fn core(&self) -> Core<'_> {
+        let p = &self.params;
+        Core {
+            strategy: p.strategy,
+            base_ms: p.base_ms,
+            multiplier: p.multiplier,
+            cap_ms: p.cap_ms,
+            jitter: p.jitter,
+            jitter_ratio: p.jitter_ratio,
+            schedule_ms: &self.shared.schedules[self.schedule.range()],
+            max_attempts: p.max_attempts,
+            max_retry_duration_ms: p.max_retry_duration_ms,
+            terminal: &p.terminal,
+        }
+    }
+
+    fn non_retryable_match(&self, error_class: &str, steps: &mut u64) -> Option<&str> {
+        let text = &self.shared.text;
+        first_match(
+            self.shared.errors[self.errors.range()]
+                .iter()
+                .map(|(span, stars)| (&text[span.range()], stars.as_ref())),
+            error_class,
+            steps,
+        )
     }
 }
 
@@ -355,16 +539,18 @@ impl PolicyTable {
                 .enumerate()
                 .flat_map(|(index, p)| p.queues.iter().map(move |q| (q.as_str(), index))),
         );
+        let mut packer = Packer::default();
         let entries = doc
             .policies
             .into_iter()
             .map(|p| {
-                let identity = p.identity();
-                let rollout = p.rollout.and_then(|r| RolloutEntry::new(&identity, r));
-                TableEntry::new(identity, p.namespace.len(), p.generation, p.params, rollout)
+                let rollout = p.rollout;
+                packer.entry(&p.namespace, &p.name, p.generation, p.params, |identity| {
+                    rollout.and_then(|r| RolloutEntry::new(identity, r))
+                })
             })
             .collect();
-        Self::assemble(doc.namespace, doc.hash, entries, indexes)
+        Self::assemble(doc.namespace, doc.hash, entries, packer, indexes)
     }
 
     /// `entries` may have grown by doubling while a document was read; shrinking gives
@@ -373,9 +559,11 @@ impl PolicyTable {
         namespace: String,
         hash: String,
         mut entries: Vec<TableEntry>,
+        packer: Packer,
         indexes: Indexes,
     ) -> Self {
         entries.shrink_to_fit();
+        packer.finish(&mut entries);
         Self {
             namespace,
             hash,

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use proptest::{prelude::*, test_runner::RngSeed};
 
 use super::*;
+use crate::resolve::ResolvedPolicy;
 use crate::{
     Disposition,
     resolve::defaults,

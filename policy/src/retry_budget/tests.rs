@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::resolve::ResolvedPolicy;
 use crate::{
     Disposition,
     resolve::defaults,

@@ -49,11 +49,13 @@ fn exercise(doc: &CompiledDocument) {
                     if let Ok((response, _)) = answer::decide_one(&loaded, &req, now) {
                         let entry = loaded.table.lookup(&name).expect("answered, so governed");
                         // Bounded by the cap of the revision that says it answered.
-                        let answered = match &entry.rollout {
-                            Some(r) if response.revision == r.exposure.revision() => &r.canary,
-                            _ => &entry.policy,
+                        let cap_ms = match &entry.rollout {
+                            Some(r) if response.revision == r.exposure.revision() => {
+                                r.canary.params().cap_ms
+                            }
+                            _ => entry.resolved().cap_ms,
                         };
-                        assert!(response.delay_ms <= answered.params().cap_ms);
+                        assert!(response.delay_ms <= cap_ms);
                     }
                 }
             }

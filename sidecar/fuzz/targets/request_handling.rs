@@ -26,7 +26,7 @@ fn check(
         Ok(r) => {
             let queue = std::str::from_utf8(&req.queue).expect("answered, so UTF-8");
             let entry = cfg.table.lookup(queue).expect("answered, so governed");
-            assert!(r.delay_ms <= entry.policy.params().cap_ms);
+            assert!(r.delay_ms <= entry.resolved().cap_ms);
             assert_ne!(r.decision, pb::Decision::Unspecified as i32);
         }
         Err(e) => assert!(matches!(

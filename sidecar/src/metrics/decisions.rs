@@ -147,7 +147,7 @@ impl DecisionFamily {
             return;
         }
         for (position, entry) in table.entries().iter().enumerate() {
-            let identity = entry.policy.identity();
+            let identity = entry.identity();
             if let Some(&policy) = counted.get(identity)
                 && policy.disposition == disposition_of(entry)
             {
@@ -170,7 +170,7 @@ impl DecisionFamily {
 
 /// The `disposition` label of `entry`'s give-ups (its stable revision's, as in rollout).
 fn disposition_of(entry: &TableEntry) -> &'static str {
-    disposition(&entry.policy.params().terminal)
+    disposition(entry.terminal())
 }
 
 /// One policy's decision counters, each made on the policy's first decision of its kind.
@@ -184,7 +184,7 @@ struct PolicyDecisions {
 impl PolicyDecisions {
     fn of(entry: &TableEntry) -> Self {
         Self {
-            policy: LabelText(entry.policy.identity().into()),
+            policy: LabelText(entry.identity().into()),
             disposition: disposition_of(entry),
             counters: Default::default(),
         }

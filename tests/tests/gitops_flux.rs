@@ -91,7 +91,12 @@ async fn kustomization_at(env: &TestEnv, commit: &str) -> Result<Value> {
             };
             let attempted =
                 k.pointer("/status/lastAttemptedRevision") == Some(&revision.clone().into());
-            let settled = condition(&k, "Ready").is_some_and(|c| c["status"] != "Unknown");
+            // Flux patches the conditions before the rest of the status, in two requests:
+            // Ready may read True while `lastAppliedRevision` still names the commit before.
+            let applied =
+                k.pointer("/status/lastAppliedRevision") == Some(&revision.clone().into());
+            let settled = condition(&k, "Ready")
+                .is_some_and(|c| c["status"] == "False" || (c["status"] == "True" && applied));
             let current = condition(&k, "Ready")
                 .is_some_and(|c| c["observedGeneration"] == k["metadata"]["generation"]);
             Ok((attempted && settled && current).then_some(k))
